@@ -1,0 +1,5 @@
+"""`python -m mailsluice` runs the command line."""
+
+from mailsluice.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""The ``mailsluice`` command: serve, check-config, sessions, transcript, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from mailsluice import __version__
+from mailsluice.config import (
+    ConfigError,
+    Settings,
+    load_file,
+    settings_from_mapping,
+)
+
+
+def _common_log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML configuration file")
+    parser.add_argument("--log", help="session log: sqlite:PATH, jsonl:PATH or none:")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mailsluice", description="Transparent outbound SMTP proxy."
+    )
+    parser.add_argument("--version", action="version", version=f"mailsluice {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the proxy")
+    _common_log_options(serve)
+    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:10025)")
+    serve.add_argument(
+        "--upstream", help="relay every connection to this HOST:PORT (default: transparent)"
+    )
+    serve.add_argument("--outbound-ip", help="source address for connections to the MX")
+    serve.add_argument(
+        "--allow", nargs="+", metavar="CIDR", help="client networks allowed to connect"
+    )
+    serve.add_argument("--message-size-limit", type=int, metavar="BYTES")
+    serve.add_argument("-v", "--verbose", action="store_true", help="log every session event")
+
+    check = sub.add_parser("check-config", help="validate a configuration file")
+    check.add_argument("file", type=Path)
+
+    sessions = sub.add_parser("sessions", help="list logged sessions, newest first")
+    _common_log_options(sessions)
+    sessions.add_argument("--json", action="store_true", help="one JSON object per line")
+    sessions.add_argument("--limit", type=int, default=50)
+
+    transcript = sub.add_parser("transcript", help="print one session's commands and replies")
+    _common_log_options(transcript)
+    transcript.add_argument("id", help="session id (a unique prefix is enough)")
+
+    demo = sub.add_parser("demo", help="relay mail to a local MX and show the log")
+    demo.add_argument("args", nargs=argparse.REMAINDER)
+    bench = sub.add_parser("bench", help="benchmarks (mailsluice bench relay --help)")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Embedded defaults, then the config file, then the flags."""
+    settings = load_file(args.config) if getattr(args, "config", None) else Settings()
+    flags: dict[str, object] = {}
+    for name in ("listen", "upstream", "outbound_ip", "log", "message_size_limit"):
+        value = getattr(args, name, None)
+        if value is not None:
+            flags[name] = value
+    if getattr(args, "allow", None):
+        flags["allow"] = list(args.allow)
+    settings = settings_from_mapping(flags, settings) if flags else settings
+    if getattr(args, "verbose", False):
+        settings = replace(settings, verbose=True)
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"mailsluice: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "check-config":
+        settings = load_file(args.file)
+        mode = f"upstream {settings.upstream}" if settings.upstream else "transparent"
+        print(f"{args.file}: OK (listen {settings.listen}, {mode}, log {settings.log})")
+        return 0
+    if args.command == "demo":
+        from mailsluice.demo import main as demo_main
+
+        return demo_main(list(args.args))
+    if args.command == "bench":
+        from mailsluice.benchmark import main as bench_main
+
+        return bench_main(list(args.args))
+    settings = settings_from_args(args)
+    if args.command == "sessions":
+        from mailsluice.sessionlog.cli_commands import print_sessions
+
+        return print_sessions(settings.log, as_json=args.json, limit=args.limit, out=sys.stdout)
+    if args.command == "transcript":
+        from mailsluice.sessionlog.cli_commands import print_transcript
+
+        return print_transcript(settings.log, args.id, out=sys.stdout)
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from mailsluice.runtime.server import run
+
+    try:
+        return run(settings)
+    except OSError as exc:
+        print(f"mailsluice: {exc.strerror or exc}", file=sys.stderr)
+        return 1

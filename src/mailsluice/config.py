@@ -1,0 +1,195 @@
+"""Configuration: the TOML file and the command-line flags, merged into one frozen value.
+
+Flags override the file; the file overrides the embedded defaults. Every problem is
+reported with the TOML key it concerns and what to write instead (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
+
+DEFAULT_LISTEN = "127.0.0.1:10025"
+DEFAULT_LOG = "sqlite:mailsluice.db"
+DEFAULT_ALLOW: tuple[str, ...] = (
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "fc00::/7",
+)
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    listen: HostPort = field(default_factory=lambda: parse_host_port(DEFAULT_LISTEN, "listen"))
+    upstream: HostPort | None = None  # None = transparent (SO_ORIGINAL_DST)
+    outbound_ip: str | None = None
+    allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
+        default_factory=lambda: tuple(ipaddress.ip_network(n) for n in DEFAULT_ALLOW)
+    )
+    log: str = DEFAULT_LOG
+    log_queue_limit: int = 100_000  # records held for the log writer before dropping
+    max_connections: int = 1000
+    shutdown_grace: float = 60.0  # seconds in-flight transactions get on SIGTERM
+    verbose: bool = False
+    relay: RelayConfig = field(default_factory=RelayConfig)
+
+
+def parse_host_port(value: str, key: str) -> HostPort:
+    """Parse ``host:port`` or ``[v6]:port``."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]:")
+    else:
+        host, sep, rest = text.rpartition(":")
+    if not sep or not host or not rest.isdigit() or not 0 < int(rest) < 65536:
+        raise ConfigError(f"{key}: {value!r} is not HOST:PORT (e.g. 127.0.0.1:10025 or [::1]:25)")
+    return HostPort(host, int(rest))
+
+
+def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ConfigError(
+            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+        ) from None
+
+
+def _ip(value: str, key: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ConfigError(f"{key}: {value!r} is not an IP address") from None
+
+
+def _log_url(value: str, key: str) -> str:
+    scheme, sep, path = value.partition(":")
+    if not sep or scheme not in ("sqlite", "jsonl", "none") or (scheme != "none" and not path):
+        raise ConfigError(
+            f"{key}: {value!r} is not a log URL; write sqlite:PATH, jsonl:PATH or none:"
+        )
+    return value
+
+
+def _number(raw: object, key: str, *, minimum: float = 0.0, integer: bool = False) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    if integer and not isinstance(raw, int):
+        raise ConfigError(f"{key}: expected a whole number, got {raw!r}")
+    if raw < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum:g}, got {raw!r}")
+    return raw
+
+
+def _string(raw: object, key: str) -> str:
+    if not isinstance(raw, str):
+        raise ConfigError(f"{key}: expected a string, got {raw!r}")
+    return raw
+
+
+def _choice(raw: object, key: str, allowed: tuple[str, ...]) -> str:
+    text = _string(raw, key)
+    if text not in allowed:
+        raise ConfigError(f"{key}: {text!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def _timeouts(table: object, base: Timeouts) -> Timeouts:
+    if not isinstance(table, Mapping):
+        raise ConfigError("timeouts: expected a table, e.g. [timeouts]")
+    known = {f.name for f in fields(Timeouts)}
+    changes: dict[str, float] = {}
+    for key, raw in table.items():
+        if key not in known:
+            raise ConfigError(f"timeouts.{key}: unknown timeout; known: {', '.join(sorted(known))}")
+        changes[key] = _number(raw, f"timeouts.{key}", minimum=0.001)
+    return replace(base, **changes)
+
+
+def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None) -> Settings:
+    """Build settings from a parsed TOML document (keys as in ``docs/configuration.md``)."""
+    settings = base or Settings()
+    relay = settings.relay
+    top: dict[str, Any] = {}
+    for key, raw in data.items():
+        match key:
+            case "listen":
+                top["listen"] = parse_host_port(_string(raw, key), key)
+            case "upstream":
+                top["upstream"] = parse_host_port(_string(raw, key), key) if raw else None
+            case "outbound_ip":
+                top["outbound_ip"] = _ip(_string(raw, key), key) if raw else None
+            case "allow":
+                if not isinstance(raw, list):
+                    raise ConfigError("allow: expected a list of networks, e.g. ['10.0.0.0/8']")
+                top["allow"] = tuple(_network(_string(n, key), key) for n in raw)
+            case "log":
+                top["log"] = _log_url(_string(raw, key), key)
+            case "log_queue_limit":
+                top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
+            case "max_connections":
+                top["max_connections"] = int(_number(raw, key, minimum=1, integer=True))
+            case "shutdown_grace":
+                top["shutdown_grace"] = _number(raw, key, minimum=0)
+            case "verbose":
+                if not isinstance(raw, bool):
+                    raise ConfigError("verbose: expected true or false")
+                top["verbose"] = raw
+            case "message_size_limit":
+                relay = replace(relay, message_size_limit=int(_number(raw, key, integer=True)))
+            case "max_recipients":
+                relay = replace(
+                    relay, max_recipients=int(_number(raw, key, minimum=1, integer=True))
+                )
+            case "bare_newline":
+                choice = _choice(raw, key, tuple(p.value for p in BareNewlinePolicy))
+                relay = replace(relay, bare_newline=BareNewlinePolicy(choice))
+            case "tls":
+                relay = replace(
+                    relay, tls=TlsMode(_choice(raw, key, tuple(m.value for m in TlsMode)))
+                )
+            case "hostname":
+                relay = replace(relay, hostname=_string(raw, key))
+            case "timeouts":
+                relay = replace(relay, timeouts=_timeouts(raw, relay.timeouts))
+            case _:
+                raise ConfigError(f"{key}: unknown setting (see docs/configuration.md)")
+    return replace(settings, relay=relay, **top)
+
+
+def load_file(path: Path, base: Settings | None = None) -> Settings:
+    """Read and validate a TOML configuration file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return settings_from_mapping(data, base)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

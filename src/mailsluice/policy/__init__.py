@@ -1,0 +1,1 @@
+"""Pure policy decisions (no I/O): who may connect, where to, with which TLS."""

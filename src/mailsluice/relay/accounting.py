@@ -1,0 +1,140 @@
+"""Per-session bookkeeping for the log: transcript numbering, transactions, the summary.
+
+Pure: the relay calls it with the time it was given and gets records back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mailsluice.relay.records import (
+    Direction,
+    SessionClosed,
+    SessionOpened,
+    TransactionEnded,
+    TranscriptLine,
+)
+from mailsluice.smtp.replies import Reply
+
+
+def _text(address: bytes) -> str:
+    return address.decode("utf-8", "surrogateescape").encode("utf-8", "backslashreplace").decode()
+
+
+@dataclass(slots=True)
+class Transaction:
+    started_at: float
+    mail_from: str
+    rcpt_to: list[str] = field(default_factory=list)
+    accepted: list[str] = field(default_factory=list)
+    mail_accepted: bool = False
+    size: int = 0
+
+
+class Account:
+    """Everything the session log needs to know about one session."""
+
+    __slots__ = (
+        "_seq",
+        "_txn_seq",
+        "connect_to_354_ms",
+        "final_code",
+        "helo",
+        "messages",
+        "opened_at",
+        "relayed_bytes",
+        "session_id",
+        "tls",
+        "transaction",
+    )  # fmt: skip
+
+    def __init__(self, session_id: str, opened_at: float) -> None:
+        self.session_id = session_id
+        self.opened_at = opened_at
+        self.helo: str | None = None
+        self.tls: tuple[str, str, bool] | None = None  # version, cipher, verified
+        self.messages = 0
+        self.relayed_bytes = 0
+        self.final_code: int | None = None
+        self.connect_to_354_ms: float | None = None
+        self.transaction: Transaction | None = None
+        self._seq = 0
+        self._txn_seq = 0
+
+    def opened(self, client: str, destination: str, source_ip: str | None) -> SessionOpened:
+        return SessionOpened(
+            session_id=self.session_id,
+            at=self.opened_at,
+            client=client,
+            destination=destination,
+            source_ip=source_ip,
+        )
+
+    def line(self, direction: Direction, text: str, now: float) -> TranscriptLine:
+        self._seq += 1
+        return TranscriptLine(
+            session_id=self.session_id, seq=self._seq, at=now, direction=direction, text=text
+        )
+
+    def first_354(self, now: float) -> None:
+        if self.connect_to_354_ms is None:
+            self.connect_to_354_ms = round((now - self.opened_at) * 1000.0, 3)
+
+    def start_transaction(self, address: bytes, now: float) -> None:
+        self.transaction = Transaction(started_at=now, mail_from=_text(address))
+
+    def add_recipient(self, address: bytes) -> None:
+        if self.transaction is not None:
+            self.transaction.rcpt_to.append(_text(address))
+
+    def end_transaction(
+        self, outcome: str, reply: Reply | None, now: float
+    ) -> TransactionEnded | None:
+        """Close the open transaction (if any) and return its record."""
+        txn = self.transaction
+        if txn is None:
+            return None
+        self.transaction = None
+        self._txn_seq += 1
+        if outcome == "delivered":
+            self.messages += 1
+            self.relayed_bytes += txn.size
+        return TransactionEnded(
+            session_id=self.session_id,
+            seq=self._txn_seq,
+            started_at=txn.started_at,
+            ended_at=now,
+            mail_from=txn.mail_from,
+            rcpt_to=tuple(txn.rcpt_to),
+            accepted_rcpt_to=tuple(txn.accepted),
+            size=txn.size,
+            reply_code=reply.code if reply is not None else None,
+            reply_text=reply.text if reply is not None else None,
+            outcome=outcome,
+        )
+
+    def closed(self, reason: str, now: float) -> SessionClosed:
+        tls = self.tls
+        return SessionClosed(
+            session_id=self.session_id,
+            at=now,
+            helo=self.helo,
+            tls_version=tls[0] if tls else None,
+            tls_cipher=tls[1] if tls else None,
+            tls_verified=tls[2] if tls else None,
+            messages=self.messages,
+            bytes=self.relayed_bytes,
+            final_code=self.final_code,
+            connect_to_354_ms=self.connect_to_354_ms,
+            reason=reason,
+        )
+
+
+def outcome_of(reply: Reply) -> str:
+    if reply.is_positive:
+        return "delivered"
+    return "deferred" if reply.is_transient else "rejected"
+
+
+def address_text(address: bytes) -> str:
+    return _text(address)

@@ -1,0 +1,67 @@
+"""Actions the relay asks the I/O shell to perform (imperatives). Pure values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mailsluice.relay.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class SendToClient:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SendToServer:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectServer:
+    """Open the upstream connection (destination and source address come from the route)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartServerTls:
+    """Upgrade the upstream connection to TLS now; answer with TlsStarted or TlsFailed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseServer:
+    """Close the upstream connection now (aborts any MX transaction in progress)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseClient:
+    """Close the client connection once what was sent to it is flushed."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    """Deliver TimerExpired after ``seconds`` unless another SetTimer comes first."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class TlsBroken:
+    """TLS to this destination failed: remember it so the next attempt goes plaintext."""
+
+
+Action = (
+    SendToClient
+    | SendToServer
+    | ConnectServer
+    | StartServerTls
+    | CloseServer
+    | CloseClient
+    | SetTimer
+    | Log
+    | TlsBroken
+)

@@ -1,0 +1,77 @@
+"""Events the I/O shell feeds into the relay (facts that happened). Pure values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientData:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClientClosed:
+    """The client closed its side or the connection broke."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConnected:
+    source: str  # our local address toward the MX, "ip:port"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConnectFailed:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerData:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ServerClosed:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TlsStarted:
+    version: str
+    cipher: str
+    verified: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFailed:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimerExpired:
+    """The deadline set by the last ``SetTimer`` passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownRequested:
+    """Finish the transaction in flight, then say goodbye (SIGTERM)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownForced:
+    """The grace period is over: end the session now, with a 4xx if anything is open."""
+
+
+Event = (
+    ClientData
+    | ClientClosed
+    | ServerConnected
+    | ServerConnectFailed
+    | ServerData
+    | ServerClosed
+    | TlsStarted
+    | TlsFailed
+    | TimerExpired
+    | ShutdownRequested
+    | ShutdownForced
+)

@@ -1,0 +1,80 @@
+"""Log records: what the relay tells the session log.
+
+Pure values, produced by the sans-I/O relay and consumed by the log sinks
+(``mailsluice.sessionlog``). Times are Unix epoch seconds (float), handed to the
+relay by the I/O shell with each event; the relay never reads a clock.
+Message bodies are never recorded.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Direction(enum.Enum):
+    """Who sent a line, and to whom.
+
+    ``client`` is the MSA, ``server`` the destination MX, ``proxy`` mailsluice.
+    """
+
+    CLIENT_TO_SERVER = "c>s"  # client command relayed to the MX
+    SERVER_TO_CLIENT = "s>c"  # MX reply relayed to the client
+    CLIENT_TO_PROXY = "c>p"  # client command answered by the proxy itself
+    PROXY_TO_CLIENT = "p>c"  # reply made by the proxy
+    PROXY_TO_SERVER = "p>s"  # command the proxy sent on its own (STARTTLS, EHLO again, QUIT)
+    SERVER_TO_PROXY = "s>p"  # MX reply consumed by the proxy (to its own commands)
+    NOTE = "note"  # an event that is not a line: TLS established, upstream lost, ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionOpened:
+    session_id: str
+    at: float
+    client: str  # "ip:port" ("[v6]:port" for IPv6)
+    destination: str  # original destination "ip:port"
+    source_ip: str | None  # bound outbound address, None = kernel's choice
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptLine:
+    session_id: str
+    seq: int  # position in the session, from 1, strictly increasing
+    at: float
+    direction: Direction
+    text: str  # one command or one (possibly multi-line, "\n"-joined) reply, no CRLF
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionEnded:
+    """One MAIL transaction, from MAIL FROM to its end (reply to end-of-data, RSET, abort)."""
+
+    session_id: str
+    seq: int  # transaction number in the session, from 1
+    started_at: float
+    ended_at: float
+    mail_from: str
+    rcpt_to: tuple[str, ...]  # every RCPT TO the client sent, in order
+    accepted_rcpt_to: tuple[str, ...]  # those the MX answered with 2xx
+    size: int  # message bytes relayed (as on the wire, after the 354), 0 if no DATA
+    reply_code: int | None  # final reply the client got for end-of-data; None if none
+    reply_text: str | None
+    outcome: str  # "delivered" | "rejected" | "deferred" | "aborted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionClosed:
+    session_id: str
+    at: float
+    helo: str | None
+    tls_version: str | None  # upstream TLS protocol version, e.g. "TLSv1.3"; None = plaintext
+    tls_cipher: str | None
+    tls_verified: bool | None  # whether the MX certificate verified; None without TLS
+    messages: int  # messages the MX accepted (2xx to end-of-data)
+    bytes: int  # message bytes relayed upstream
+    final_code: int | None  # last reply code the client received
+    connect_to_354_ms: float | None  # session start to the first 354 from the MX
+    reason: str  # why it ended: "quit", "client-closed", "upstream-lost", "timeout", ...
+
+
+Record = SessionOpened | TranscriptLine | TransactionEnded | SessionClosed

@@ -1,0 +1,610 @@
+"""The relay: one SMTP session between a client (MSA) and its destination MX.
+
+Sans-I/O: ``Relay.handle(event, now)`` takes a fact (bytes from either side, a
+connection result, a timer) and returns the actions to perform. No sockets, no clock.
+
+How a reply reaches the client: every client command gets an entry in a FIFO
+(``_pending``). Forwarded commands wait for the MX's reply; commands we answer
+ourselves get their reply at once; commands the proxy sends on its own (STARTTLS, the
+EHLO after TLS) are internal. Replies leave in FIFO order, so pipelining clients get
+each reply matched to its command (RFC 2920). An MX reply with no command waiting is a
+protocol error (421), never passed on.
+
+The rules that never bend, and where they are enforced:
+* 2xx to end-of-data only from the MX's 2xx to that end-of-data: ``_complete`` for
+  END_OF_DATA; every fault path replies 4xx (``_fail``) or closes.
+* canonical bytes upstream: command lines are re-emitted from the validated line with
+  CRLF; bodies go through ``BodyScanner``; a refused body aborts the upstream
+  connection instead of sending the final dot.
+* nothing after DATA until the MX's 354 (``_sync_violation``); no plaintext read after
+  the MX's 220 to STARTTLS (``_start_tls``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from mailsluice.relay import actions as act
+from mailsluice.relay import events as ev
+from mailsluice.relay.accounting import Account, address_text, outcome_of
+from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts
+from mailsluice.relay.pending import Pending, Phase, Purpose
+from mailsluice.relay.records import Direction
+from mailsluice.smtp import ehlo
+from mailsluice.smtp import replies as rp
+from mailsluice.smtp.commands import Command, CommandError, looks_like_http, parse_command
+from mailsluice.smtp.data import BodyFault, BodyScanner
+from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
+from mailsluice.smtp.replies import Reply, ReplyAssembler, ReplySyntaxError
+
+_FORWARDED = {
+    "MAIL": Purpose.MAIL, "RCPT": Purpose.RCPT, "RSET": Purpose.RSET, "NOOP": Purpose.OTHER,
+    "VRFY": Purpose.OTHER, "EXPN": Purpose.OTHER, "HELP": Purpose.OTHER,
+}  # fmt: skip
+_BODY_REFUSAL = {
+    BodyFault.NUL: (550, "5.6.0", "Error: NUL character in message content"),
+    BodyFault.BARE_NEWLINE: (550, "5.5.2", "Error: bare <CR> or <LF> received in message content"),
+    BodyFault.TOO_BIG: (552, "5.3.4", "Error: message exceeds the size limit"),
+}
+_TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "VRFY",
+                             "EXPN", "HELP"})  # fmt: skip
+
+
+class Relay:
+    """State machine for one relayed session; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        config: RelayConfig,
+        session_id: str,
+        client: str,
+        destination: str,
+        source_ip: str | None = None,
+        tls_allowed: bool = True,
+        refusal: Reply | None = None,
+        now: float,
+    ) -> None:
+        self._cfg = config
+        self._host = config.hostname
+        self._client_lines = LineFramer(config.max_command_line)
+        self._server_lines = LineFramer(config.max_reply_line)
+        self._replies = ReplyAssembler(config.max_reply_lines)
+        self._pending: deque[Pending] = deque()
+        self._phase = Phase.CONNECTING
+        self._barrier = False  # a command is out whose reply must come before the next
+        self._scanner: BodyScanner | None = None
+        self._account = Account(session_id, now)
+        self._tls_allowed = tls_allowed
+        self._refusal = refusal
+        self._client_desc = (client, destination, source_ip)
+        self._server_open = False
+        self._connected = False
+        self._shutdown = False
+        self._errors = 0
+        self._now = now
+        self._out: list[act.Action] = []
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def session_id(self) -> str:
+        return self._account.session_id
+
+    @property
+    def closed(self) -> bool:
+        return self._phase is Phase.CLOSED
+
+    @property
+    def client_backlog(self) -> int:
+        """Unprocessed client bytes; the shell stops reading above ``max_pending_input``."""
+        return self._client_lines.buffered
+
+    def start(self) -> list[act.Action]:
+        out = self._out = []
+        self._emit_log(act.Log(self._account.opened(*self._client_desc)))
+        if self._refusal is not None:
+            self._note(f"refused: {self._refusal.text}")
+            self._phase = Phase.COMMANDS
+            self._send_client(self._refusal, Direction.PROXY_TO_CLIENT)
+            self._close("refused")
+            return out
+        self._pending.append(Pending(Purpose.GREETING))
+        out.append(act.ConnectServer())
+        t = self._cfg.timeouts
+        out.append(act.SetTimer(t.connect + t.greeting))
+        return out
+
+    def handle(self, event: ev.Event, now: float) -> list[act.Action]:
+        self._now = now
+        out = self._out = []
+        if self._phase is Phase.CLOSED:
+            return out
+        match event:
+            case ev.ClientData(data):
+                self._client_data(data)
+            case ev.ServerData(data):
+                self._server_data(data)
+            case ev.ServerConnected(source):
+                self._server_open = self._connected = True
+                self._note(f"connected to {self._client_desc[1]} from {source}")
+                self._arm_timer()
+            case ev.ServerConnectFailed(reason):
+                self._note(f"cannot connect: {reason}")
+                self._fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
+            case ev.ServerClosed(reason):
+                self._server_closed(reason)
+            case ev.TlsStarted(version, cipher, verified):
+                self._tls_started(version, cipher, verified)
+            case ev.TlsFailed(reason):
+                self._note(f"TLS handshake failed: {reason}")
+                out.append(act.TlsBroken())
+                self._fail(rp.tls_failed(self._host), "tls-failed")
+            case ev.TimerExpired():
+                self._timer_expired()
+            case ev.ClientClosed():
+                self._client_closed()
+            case ev.ShutdownRequested():
+                self._shutdown = True
+                self._maybe_goodbye()
+            case ev.ShutdownForced():
+                self._fail(rp.shutting_down(self._host), "shutdown")
+        if self._in(Phase.COMMANDS):
+            self._pump_client()
+        if not self._in(Phase.CLOSED):
+            self._arm_timer()
+        return out
+
+    def _in(self, phase: Phase) -> bool:
+        return self._phase is phase
+
+    # ----------------------------------------------------------------- client side
+    def _client_data(self, data: bytes) -> None:
+        if self._phase is Phase.BODY:
+            self._body(data)
+            return
+        if self._awaiting(Purpose.DATA):
+            self._sync_violation()
+            return
+        self._client_lines.feed(data)
+
+    def _pump_client(self) -> None:
+        lines = self._client_lines
+        while self._phase is Phase.COMMANDS and not self._barrier:
+            if lines.discarded > self._cfg.max_pending_input:
+                self._fail(Reply.make(421, "4.7.0", f"{self._host} Error: line too long"), "flood")
+                return
+            item = lines.next_line()
+            if item is None:
+                return
+            if isinstance(item, LineTooLong):
+                self._local(Reply.make(500, "5.5.2", "Error: command line too long"), error=True)
+                continue
+            self._client_command(item)
+
+    def _client_command(self, line: Line) -> None:
+        parsed = parse_command(line.content)
+        if isinstance(parsed, CommandError):
+            if looks_like_http(line.content):
+                self._log_client(line.content, Direction.CLIENT_TO_PROXY)
+                reply = Reply.make(221, "2.7.0", "Error: I can break rules, too. Goodbye.")
+                self._local(reply, close=True)
+                return
+            self._log_client(line.content, Direction.CLIENT_TO_PROXY)
+            self._local(parsed.reply, error=True)
+            return
+        verb = parsed.verb
+        if verb in _TAKES_UPSTREAM and not self._server_open:
+            self._log_client(line.content, Direction.CLIENT_TO_PROXY)
+            self._local(rp.upstream_lost(self._host), close=True)
+            return
+        if verb == "EHLO" or verb == "HELO":
+            self._abort_transaction()
+            self._account.helo = address_text(parsed.argument)
+            self._forward(parsed, Purpose.EHLO if verb == "EHLO" else Purpose.HELO, barrier=True)
+        elif verb == "MAIL":
+            self._mail(parsed)
+        elif verb == "RCPT":
+            self._rcpt(parsed)
+        elif verb == "DATA":
+            self._forward(parsed, Purpose.DATA, barrier=True)
+            if self._client_lines.buffered:
+                self._sync_violation()
+        elif verb in _FORWARDED:
+            if verb == "RSET":
+                self._abort_transaction()
+            self._forward(parsed, _FORWARDED[verb])
+        elif verb == "QUIT":
+            if self._server_open:
+                self._forward(parsed, Purpose.QUIT, barrier=True)
+            else:
+                self._log_client(parsed.line, Direction.CLIENT_TO_PROXY)
+                self._local(Reply.make(221, "2.0.0", "Bye"), close=True)
+        elif verb == "BDAT":
+            self._log_client(parsed.line, Direction.CLIENT_TO_PROXY)
+            self._local(Reply.make(521, "5.5.1", "Error: command not implemented"), close=True)
+        else:  # STARTTLS, AUTH, ETRN, XCLIENT, unknown verbs: answered here, in order
+            shown = b"AUTH ****" if verb == "AUTH" else parsed.line
+            self._log_client(shown, Direction.CLIENT_TO_PROXY)
+            self._local(Reply.make(502, "5.5.1", "Error: command not implemented"), error=True)
+
+    def _mail(self, command: Command) -> None:
+        size = command.param("SIZE")
+        limit = self._cfg.message_size_limit
+        if limit and size is not None and size.isdigit() and int(size) > limit:
+            self._log_client(command.line, Direction.CLIENT_TO_PROXY)
+            self._local(Reply.make(552, "5.3.4", "Error: message size exceeds fixed limit"))
+            return
+        self._abort_transaction()
+        self._account.start_transaction(command.address or b"", self._now)
+        self._forward(command, Purpose.MAIL)
+
+    def _rcpt(self, command: Command) -> None:
+        txn = self._account.transaction
+        if txn is not None and len(txn.rcpt_to) >= self._cfg.max_recipients:
+            self._log_client(command.line, Direction.CLIENT_TO_PROXY)
+            self._local(Reply.make(452, "4.5.3", "Error: too many recipients"))
+            return
+        self._account.add_recipient(command.address or b"")
+        self._forward(command, Purpose.RCPT)
+
+    def _body(self, data: bytes) -> None:
+        scanner = self._scanner
+        assert scanner is not None
+        chunk = scanner.feed(data)
+        if chunk.forward:
+            self._out.append(act.SendToServer(chunk.forward))
+        if not chunk.done:
+            return
+        self._scanner = None
+        self._phase = Phase.COMMANDS
+        txn = self._account.transaction
+        if txn is not None:
+            txn.size = scanner.size
+        fault = scanner.fault
+        self._log_client(b"<message: %d bytes>" % scanner.size, Direction.CLIENT_TO_SERVER)
+        if fault is None:
+            self._pending.append(Pending(Purpose.END_OF_DATA))
+            self._barrier = True
+        else:
+            code, status, text = _BODY_REFUSAL[fault]
+            self._note(f"message refused ({fault.value}); upstream transaction aborted")
+            self._close_server()
+            reply = Reply.make(code, status, text)
+            self._local(reply)
+            self._emit_txn("rejected", reply)
+            self._barrier = False
+        if chunk.rest:
+            self._client_lines.feed(chunk.rest)
+
+    def _sync_violation(self) -> None:
+        self._note("client sent data before the MX's 354: SMTP protocol synchronization error")
+        reply = Reply.make(554, "5.5.0", "Error: SMTP protocol synchronization")
+        self._log_line(Direction.PROXY_TO_CLIENT, reply.transcript())
+        self._send_raw(reply)
+        self._close("sync-violation")
+
+    # ----------------------------------------------------------------- server side
+    def _server_data(self, data: bytes) -> None:
+        if self._phase is Phase.TLS_HANDSHAKE:
+            self._injection()
+            return
+        lines = self._server_lines
+        lines.feed(data)
+        while not self._in(Phase.CLOSED):
+            item = lines.next_line()
+            if item is None:
+                return
+            if isinstance(item, LineTooLong):
+                self._protocol_error("reply line too long")
+                return
+            try:
+                reply = self._replies.add_line(item.content, item.bare_lf)
+            except ReplySyntaxError as exc:
+                self._protocol_error(str(exc))
+                return
+            if reply is not None:
+                self._server_reply(reply)
+                if self._in(Phase.TLS_HANDSHAKE):
+                    return
+
+    def _server_reply(self, reply: Reply) -> None:
+        entry = next((p for p in self._pending if p.from_server and p.reply is None), None)
+        if entry is None:
+            if reply.code == 421:
+                self._log_line(Direction.SERVER_TO_CLIENT, reply.transcript())
+                self._send_raw(reply)
+                self._close("upstream-421")
+            else:
+                self._protocol_error(f"unexpected reply: {reply.transcript()}")
+            return
+        entry.reply = reply
+        self._flush()
+
+    def _flush(self) -> None:
+        pending = self._pending
+        while pending and pending[0].reply is not None and self._phase is not Phase.CLOSED:
+            self._complete(pending.popleft())
+            if self._in(Phase.TLS_HANDSHAKE):
+                return
+
+    def _complete(self, entry: Pending) -> None:
+        """A reply for the FIFO head is known: act on it (see ``pending.Purpose``)."""
+        reply = entry.reply
+        assert reply is not None
+        purpose = entry.purpose
+        if purpose is Purpose.LOCAL:
+            self._send_client(reply, Direction.PROXY_TO_CLIENT)
+            if entry.close_after:
+                self._close("closed-by-proxy")
+            return
+        if purpose is Purpose.GREETING:
+            self._phase = Phase.COMMANDS
+            self._send_client(reply, Direction.SERVER_TO_CLIENT)
+            if reply.code == 421:
+                self._close("upstream-421")
+            else:
+                self._maybe_goodbye()
+            return
+        if purpose is Purpose.EHLO:
+            self._ehlo_reply(entry, reply)
+            return
+        if purpose is Purpose.STARTTLS:
+            self._starttls_reply(reply)
+            return
+        if purpose is Purpose.DATA:
+            if reply.code == 354:
+                self._send_client(reply, Direction.SERVER_TO_CLIENT)
+                self._account.first_354(self._now)
+                policy = self._cfg.bare_newline
+                self._scanner = BodyScanner(
+                    normalize=policy is BareNewlinePolicy.NORMALIZE,
+                    size_limit=self._cfg.message_size_limit,
+                )
+                self._phase = Phase.BODY
+                return
+            if not (reply.is_transient or reply.is_permanent):
+                self._protocol_error(f"reply {reply.code} to DATA")
+                return
+        if purpose is Purpose.END_OF_DATA:
+            if reply.is_intermediate:  # a 3xx is never success: treat as a broken MX
+                self._protocol_error(f"reply {reply.code} to end-of-data")
+                return
+            self._send_client(reply, Direction.SERVER_TO_CLIENT)
+            self._emit_txn(outcome_of(reply), reply)
+            self._barrier = False
+            self._maybe_goodbye()
+            return
+        self._send_client(reply, Direction.SERVER_TO_CLIENT)
+        txn = self._account.transaction
+        if purpose is Purpose.MAIL and not reply.is_positive:
+            self._emit_txn("rejected", reply)
+        elif purpose is Purpose.RCPT and reply.is_positive and txn is not None:
+            txn.accepted.append(address_text(entry.command.address or b"") if entry.command else "")
+        if purpose in (Purpose.QUIT,):
+            self._close("quit")
+            return
+        if entry.barrier:
+            self._barrier = False
+        self._maybe_goodbye()
+
+    def _ehlo_reply(self, entry: Pending, reply: Reply) -> None:
+        offered = ehlo.keywords(reply) if reply.is_positive else {}
+        if entry.stage == 0 and "STARTTLS" in offered and self._tls_allowed:
+            self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
+            entry.stage, entry.fallback, entry.reply = 1, reply, None
+            self._pending.appendleft(entry)
+            self._pending.appendleft(Pending(Purpose.STARTTLS, internal=True))
+            self._log_line(Direction.PROXY_TO_SERVER, "STARTTLS")
+            self._out.append(act.SendToServer(b"STARTTLS\r\n"))
+            return
+        edited = ehlo.edit_for_client(reply, self._cfg.message_size_limit)
+        if edited == reply:
+            self._send_client(reply, Direction.SERVER_TO_CLIENT)
+        else:
+            self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
+            self._send_client(edited, Direction.PROXY_TO_CLIENT)
+        self._barrier = False
+        self._maybe_goodbye()
+
+    def _starttls_reply(self, reply: Reply) -> None:
+        self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
+        ehlo_entry = self._pending[0]
+        if reply.code != 220:
+            self._note("MX refused STARTTLS; continuing in plaintext")
+            ehlo_entry.reply, ehlo_entry.stage = ehlo_entry.fallback, 2
+            return
+        if self._server_lines.buffered or self._replies.in_progress:
+            self._injection()
+            return
+        self._phase = Phase.TLS_HANDSHAKE
+        self._out.append(act.StartServerTls())
+
+    def _tls_started(self, version: str, cipher: str, verified: bool) -> None:
+        self._account.tls = (version, cipher, verified)
+        self._note(f"TLS established: {version} {cipher} verified={verified}")
+        self._phase = Phase.COMMANDS
+        entry = self._pending[0]
+        entry.stage = 2
+        assert entry.command is not None
+        self._log_line(Direction.PROXY_TO_SERVER, address_text(entry.command.line))
+        self._out.append(act.SendToServer(entry.command.wire))
+
+    def _injection(self) -> None:
+        self._note("STARTTLS response injection: bytes after the MX's 220 before the handshake")
+        self._fail(
+            Reply.make(421, "4.7.0", f"{self._host} Error: TLS negotiation failed"), "tls-injection"
+        )
+
+    def _protocol_error(self, detail: str) -> None:
+        self._note(f"MX protocol error: {detail}")
+        self._fail(rp.upstream_protocol_error(self._host), "upstream-protocol-error")
+
+    def _server_closed(self, reason: str) -> None:
+        was_open, self._server_open = self._server_open, False
+        if not was_open and self._connected:
+            return  # we closed it ourselves
+        self._note(f"upstream closed: {reason}")
+        if self._awaiting(Purpose.QUIT):
+            self._fail(Reply.make(221, "2.0.0", "Bye"), "quit")
+        elif self._awaiting(Purpose.END_OF_DATA):
+            self._note("connection lost after end-of-data: the message may be delivered twice")
+            self._fail(rp.upstream_lost(self._host), "upstream-lost")
+        elif self._phase is Phase.TLS_HANDSHAKE:
+            self._out.append(act.TlsBroken())
+            self._fail(rp.tls_failed(self._host), "tls-failed")
+        else:
+            self._fail(rp.upstream_lost(self._host), "upstream-lost")
+
+    # ----------------------------------------------------------------- lifecycle
+    def _client_closed(self) -> None:
+        if self._phase is Phase.BODY:
+            self._note("client closed in the middle of the message; upstream transaction aborted")
+        elif self._awaiting(Purpose.END_OF_DATA):
+            self._note("client closed after end-of-data: the message may be delivered twice")
+        elif self._server_open and not self._pending and self._phase is Phase.COMMANDS:
+            self._log_line(Direction.PROXY_TO_SERVER, "QUIT")
+            self._out.append(act.SendToServer(b"QUIT\r\n"))
+        self._close("client-closed")
+
+    def _timer_expired(self) -> None:
+        if self._phase is Phase.BODY:
+            self._note("client timeout in the middle of the message")
+            self._fail(rp.client_timeout(self._host), "client-timeout")
+        elif self._awaiting_server():
+            if self._awaiting(Purpose.END_OF_DATA):
+                self._note("timeout after end-of-data: the message may be delivered twice")
+                self._fail(
+                    Reply.make(
+                        451, "4.4.2", f"{self._host} Error: timeout waiting for the destination"
+                    ),
+                    "upstream-timeout",
+                )
+            elif not self._connected:
+                self._fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
+            else:
+                self._fail(rp.upstream_timeout(self._host), "upstream-timeout")
+        else:
+            self._fail(rp.client_timeout(self._host), "client-timeout")
+
+    def _maybe_goodbye(self) -> None:
+        if (
+            self._shutdown
+            and self._phase is Phase.COMMANDS
+            and not self._pending
+            and self._account.transaction is None
+        ):
+            self._fail(rp.shutting_down(self._host), "shutdown")
+
+    def _fail(self, reply: Reply, reason: str) -> None:
+        """End the session: the first reply the client is owed becomes ``reply``."""
+        for entry in self._pending:
+            if entry.reply is None:
+                entry.reply, entry.purpose, entry.close_after = reply, Purpose.LOCAL, True
+                entry.internal = False
+                self._phase = Phase.COMMANDS
+                self._flush()
+                break
+        if self._phase is not Phase.CLOSED:
+            self._log_line(Direction.PROXY_TO_CLIENT, reply.transcript())
+            self._send_raw(reply)
+            self._close(reason)
+
+    def _close(self, reason: str) -> None:
+        if self._phase is Phase.CLOSED:
+            return
+        if self._server_open:
+            self._close_server()
+        self._abort_transaction()
+        self._phase = Phase.CLOSED
+        self._out.append(act.CloseClient())
+        self._out.append(act.Log(self._account.closed(reason, self._now)))
+
+    def _close_server(self) -> None:
+        self._server_open = False
+        self._out.append(act.CloseServer())
+
+    # ----------------------------------------------------------------- helpers
+    def _forward(self, command: Command, purpose: Purpose, *, barrier: bool = False) -> None:
+        self._log_client(command.line, Direction.CLIENT_TO_SERVER)
+        self._pending.append(Pending(purpose, command, barrier=barrier))
+        self._out.append(act.SendToServer(command.wire))
+        if barrier:
+            self._barrier = True
+
+    def _local(self, reply: Reply, *, close: bool = False, error: bool = False) -> None:
+        if error:
+            self._errors += 1
+            if self._errors > self._cfg.max_errors:
+                self._fail(
+                    Reply.make(421, "4.7.0", f"{self._host} Error: too many errors"),
+                    "too-many-errors",
+                )
+                return
+        self._pending.append(
+            Pending(Purpose.LOCAL, reply=reply, from_server=False, close_after=close)
+        )
+        self._flush()
+
+    def _awaiting(self, purpose: Purpose) -> bool:
+        return any(p.purpose is purpose and p.reply is None for p in self._pending)
+
+    def _awaiting_server(self) -> bool:
+        return self._phase is Phase.TLS_HANDSHAKE or any(
+            p.from_server and p.reply is None for p in self._pending
+        )
+
+    def _abort_transaction(self) -> None:
+        if self._account.transaction is not None:
+            self._emit_txn("aborted", None)
+
+    def _emit_txn(self, outcome: str, reply: Reply | None) -> None:
+        record = self._account.end_transaction(outcome, reply, self._now)
+        if record is not None:
+            self._out.append(act.Log(record))
+
+    def _send_client(self, reply: Reply, direction: Direction) -> None:
+        self._log_line(direction, reply.transcript())
+        self._send_raw(reply)
+
+    def _send_raw(self, reply: Reply) -> None:
+        self._account.final_code = reply.code
+        self._out.append(act.SendToClient(reply.to_bytes()))
+
+    def _log_client(self, line: bytes, direction: Direction) -> None:
+        self._log_line(direction, address_text(line))
+
+    def _log_line(self, direction: Direction, text: str) -> None:
+        self._out.append(act.Log(self._account.line(direction, text, self._now)))
+
+    def _emit_log(self, action: act.Log) -> None:
+        self._out.append(action)
+
+    def _note(self, text: str) -> None:
+        self._log_line(Direction.NOTE, text)
+
+    def _arm_timer(self) -> None:
+        t = self._cfg.timeouts
+        head = next((p for p in self._pending if p.from_server and p.reply is None), None)
+        if self._phase is Phase.TLS_HANDSHAKE:
+            seconds = t.helo
+        elif head is not None:
+            seconds = _reply_timeout(head.purpose, t, self._connected)
+        elif self._phase is Phase.BODY:
+            seconds = t.client_data
+        else:
+            seconds = t.client_idle
+        self._out.append(act.SetTimer(seconds))
+
+
+def _reply_timeout(purpose: Purpose, t: Timeouts, connected: bool) -> float:
+    if purpose is Purpose.GREETING:
+        return t.greeting if connected else t.connect + t.greeting
+    if purpose in (Purpose.EHLO, Purpose.HELO, Purpose.STARTTLS):
+        return t.helo
+    if purpose is Purpose.DATA:
+        return t.data_init
+    if purpose is Purpose.END_OF_DATA:
+        return t.data_done
+    if purpose is Purpose.QUIT:
+        return t.quit
+    return t.mail

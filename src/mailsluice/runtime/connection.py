@@ -1,0 +1,303 @@
+"""One relayed connection: drives a ``Relay`` over two asyncio transports.
+
+The data path is synchronous: ``data_received`` feeds the relay and performs the
+actions it returns (writes, closes, log records) in the same callback, with no task
+switch per chunk. The two actions that need to wait (dialling the MX, the TLS
+handshake) are awaited by the session's own task, ``Session.run``, which lives in the
+server's TaskGroup for exactly as long as the connection.
+
+Backpressure: a side whose write buffer is full pauses reading on the other side; a
+client that sends more than the relay will hold is paused until the relay catches up.
+Every wait has a deadline (the relay's ``SetTimer``; the connect timeout here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, cast
+
+from mailsluice.relay import actions as act
+from mailsluice.relay import events as ev
+from mailsluice.relay.session import Relay
+
+if TYPE_CHECKING:
+    from mailsluice.runtime.server import ProxyContext
+
+log = logging.getLogger("mailsluice.connection")
+
+
+def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Side(asyncio.Protocol):
+    """Forwards one transport's callbacks to the session."""
+
+    __slots__ = ("_client", "_session")
+
+    def __init__(self, session: Session, *, client: bool) -> None:
+        self._session = session
+        self._client = client
+
+    def data_received(self, data: bytes) -> None:
+        self._session.on_data(self._client, data)
+
+    def eof_received(self) -> bool:
+        self._session.on_closed(self._client, "end of stream")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.on_closed(self._client, str(exc) if exc else "closed")
+
+    def pause_writing(self) -> None:
+        self._session.on_write_paused(self._client, True)
+
+    def resume_writing(self) -> None:
+        self._session.on_write_paused(self._client, False)
+
+
+class ClientProtocol(_Side):
+    """The accepted connection; creates its Session when the connection is made."""
+
+    def __init__(self, context: ProxyContext) -> None:
+        self._context = context
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        session = Session(self._context, cast(asyncio.Transport, transport))
+        super().__init__(session, client=True)
+        self._context.start_session(session)
+
+
+class Session:
+    """Owns one client transport, its upstream transport and its Relay."""
+
+    def __init__(self, context: ProxyContext, client: asyncio.Transport) -> None:
+        self._ctx = context
+        self._loop = asyncio.get_running_loop()
+        self._client: asyncio.Transport | None = client
+        self._server: asyncio.Transport | None = None
+        self._client_paused = False  # we stopped reading from the client
+        self._server_blocked = False  # the MX is not reading what we write
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._work: asyncio.Future[None] = self._loop.create_future()
+        self._want_connect = False
+        self._want_tls = False
+        self.destination: tuple[str, int] = ("", 0)
+        self.relay: Relay | None = None
+        self._prepare(client)
+
+    # ------------------------------------------------------------ set-up
+    def _prepare(self, client: asyncio.Transport) -> None:
+        ctx = self._ctx
+        peer = client.get_extra_info("peername") or ("?", 0)
+        sock = client.get_extra_info("socket")
+        refusal = None
+        try:
+            self.destination = ctx.route(sock)
+        except OSError as exc:
+            log.warning("cannot route %s: %s", format_address(peer), exc)
+            refusal = ctx.routing_failure(str(exc))
+        now = time.time()
+        if refusal is None:
+            refusal = ctx.admit(peer[0], self.destination, sock)
+        dest = format_address(self.destination)
+        self.relay = Relay(
+            config=ctx.settings.relay,
+            session_id=ctx.new_session_id(),
+            client=format_address(peer),
+            destination=dest,
+            source_ip=ctx.settings.outbound_ip,
+            tls_allowed=ctx.tls_allowed(dest, now),
+            refusal=refusal,
+            now=now,
+        )
+
+    async def run(self) -> None:
+        """The session's lifetime: start the relay, then do its waiting work."""
+        relay = self.relay
+        assert relay is not None
+        try:
+            self._perform(relay.start())
+            while not relay.closed:
+                if self._want_connect:
+                    self._want_connect = False
+                    await self._connect()
+                elif self._want_tls:
+                    self._want_tls = False
+                    await self._start_tls()
+                else:
+                    await self._work
+                    self._work = self._loop.create_future()
+        except Exception:
+            log.exception("session %s: internal error", relay.session_id)
+            if not relay.closed:
+                self._feed(ev.ShutdownForced())
+        finally:
+            self._teardown()
+
+    # ------------------------------------------------------------ events in
+    def _feed(self, event: ev.Event) -> None:
+        relay = self.relay
+        if relay is None or relay.closed:
+            return
+        self._perform(relay.handle(event, time.time()))
+        client = self._client
+        if client is not None:
+            backlog = relay.client_backlog > self._ctx.settings.relay.max_pending_input
+            if backlog != self._client_paused and not client.is_closing():
+                self._client_paused = backlog
+                if backlog:
+                    client.pause_reading()
+                elif not self._server_blocked:
+                    client.resume_reading()
+
+    def on_data(self, from_client: bool, data: bytes) -> None:
+        self._feed(ev.ClientData(data) if from_client else ev.ServerData(data))
+
+    def on_closed(self, from_client: bool, reason: str) -> None:
+        if from_client:
+            if self._client is not None:
+                self._client = None
+                self._feed(ev.ClientClosed())
+        elif self._server is not None:
+            self._server = None
+            self._feed(ev.ServerClosed(reason))
+        self._wake()
+
+    def on_write_paused(self, to_client: bool, paused: bool) -> None:
+        other = self._server if to_client else self._client
+        if not to_client:
+            self._server_blocked = paused
+            if paused:
+                self._arm(self._ctx.settings.relay.timeouts.data_block)
+        if other is not None and not other.is_closing():
+            if paused:
+                other.pause_reading()
+            elif not (other is self._client and self._client_paused):
+                other.resume_reading()
+
+    def shutdown(self, forced: bool) -> None:
+        self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
+        self._wake()
+
+    # ------------------------------------------------------------ actions out
+    def _perform(self, actions: list[act.Action]) -> None:
+        submit = self._ctx.log_writer.submit
+        for action in actions:
+            match action:
+                case act.SendToServer(data):
+                    if self._server is not None:
+                        self._server.write(data)
+                case act.SendToClient(data):
+                    if self._client is not None:
+                        self._client.write(data)
+                case act.Log(record):
+                    submit(record)
+                case act.SetTimer(seconds):
+                    self._arm(seconds)
+                case act.ConnectServer():
+                    self._want_connect = True
+                    self._wake()
+                case act.StartServerTls():
+                    self._want_tls = True
+                    if self._server is not None:
+                        self._server.pause_reading()
+                    self._wake()
+                case act.CloseServer():
+                    server, self._server = self._server, None
+                    if server is not None:
+                        server.close()
+                case act.CloseClient():
+                    client, self._client = self._client, None
+                    if client is not None:
+                        client.close()
+                    self._wake()
+                case act.TlsBroken():
+                    self._ctx.tls_failed(format_address(self.destination), time.time())
+
+    def _wake(self) -> None:
+        if not self._work.done():
+            self._work.set_result(None)
+
+    # ------------------------------------------------------------ timer
+    def _arm(self, seconds: float) -> None:
+        deadline = self._loop.time() + seconds
+        if self._timer is None or deadline < self._deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._timer_fired)
+        self._deadline = deadline
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        if self._loop.time() < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._timer_fired)
+            return
+        if self._server_blocked and self._server is not None:
+            self._feed(ev.ServerClosed("write timeout: the MX stopped reading"))
+        else:
+            self._feed(ev.TimerExpired())
+        self._wake()
+
+    # ------------------------------------------------------------ waiting work
+    async def _connect(self) -> None:
+        ctx = self._ctx
+        host, port = ctx.upstream_for(self.destination)
+        local = (ctx.settings.outbound_ip, 0) if ctx.settings.outbound_ip else None
+        try:
+            async with asyncio.timeout(ctx.settings.relay.timeouts.connect):
+                transport, _ = await self._loop.create_connection(
+                    lambda: _Side(self, client=False), host, port, local_addr=local
+                )
+        except (OSError, TimeoutError) as exc:
+            reason = "connect timeout" if isinstance(exc, TimeoutError) else str(exc)
+            self._feed(ev.ServerConnectFailed(reason or type(exc).__name__))
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.relay is None or self.relay.closed:
+            transport.close()
+            return
+        self._server = transport
+        source = transport.get_extra_info("sockname") or ("?", 0)
+        self._feed(ev.ServerConnected(format_address(source)))
+
+    async def _start_tls(self) -> None:
+        server = self._server
+        if server is None:
+            return
+        ctx = self._ctx
+        try:
+            async with asyncio.timeout(ctx.settings.relay.timeouts.helo):
+                tls = await self._loop.start_tls(
+                    server, server.get_protocol(), ctx.tls_context, server_side=False
+                )
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            self._server = None
+            server.abort()
+            self._feed(ev.TlsFailed(str(exc) or type(exc).__name__))
+            return
+        if tls is None or self._server is None:
+            return
+        self._server = tls
+        ssl_object = tls.get_extra_info("ssl_object")
+        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
+        version = ssl_object.version() if ssl_object is not None else "?"
+        verified = ctx.chain_verifier.verify(ssl_object)
+        self._feed(ev.TlsStarted(version or "?", cipher[0], verified))
+
+    def _teardown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for transport in (self._server, self._client):
+            if transport is not None:
+                transport.close()
+        self._server = self._client = None
+        self._ctx.end_session(self)

@@ -1,0 +1,213 @@
+"""The listener: accepts connections, runs one Session each, shuts down cleanly.
+
+``Proxy`` is the composition root for a running proxy: settings, the log writer, TLS
+state, the listening sockets and the TaskGroup every session task lives in. Shutdown
+(SIGTERM/SIGINT): stop accepting, let transactions in flight finish within the grace
+period (idle clients get ``421 4.3.2``), then end what is left with a 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+from mailsluice.config import Settings
+from mailsluice.policy import access
+from mailsluice.policy.tls_memory import TlsFailureMemory
+from mailsluice.runtime.connection import ClientProtocol, Session
+from mailsluice.runtime.origdst import original_destination
+from mailsluice.runtime.tls import ChainVerifier, client_context
+from mailsluice.sessionlog.writer import LogWriter, open_log
+from mailsluice.smtp.replies import Reply
+
+log = logging.getLogger("mailsluice.server")
+
+
+class ProxyContext:
+    """What every session shares: settings, log, TLS state, the set of live sessions."""
+
+    def __init__(self, settings: Settings, log_writer: LogWriter) -> None:
+        self.settings = settings
+        self.log_writer = log_writer
+        self.tls_context = client_context()
+        self.chain_verifier = ChainVerifier()
+        self._tls_memory = TlsFailureMemory()
+        self.sessions: set[Session] = set()
+        self.own_addresses: list[tuple[str, int]] = []
+        self._spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
+        self.accepting = True
+        self.sessions_total = 0
+
+    def new_session_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids):06d}"
+
+    def route(self, sock: socket.socket | None) -> tuple[str, int]:
+        """The destination the client meant: the fixed upstream, or SO_ORIGINAL_DST."""
+        if self.settings.upstream is not None:
+            return (self.settings.upstream.host, self.settings.upstream.port)
+        if sock is None:
+            raise OSError("no socket to read the original destination from")
+        return original_destination(sock)
+
+    def upstream_for(self, destination: tuple[str, int]) -> tuple[str, int]:
+        return destination
+
+    def routing_failure(self, detail: str) -> Reply:
+        host = self.settings.relay.hostname
+        return Reply.make(421, "4.3.5", f"{host} Error: cannot find the original destination")
+
+    def admit(
+        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+    ) -> Reply | None:
+        own = list(self.own_addresses)
+        if sock is not None and self.settings.upstream is None:
+            own.append(sock.getsockname()[:2])
+        if not self.accepting:
+            host = self.settings.relay.hostname
+            return Reply.make(421, "4.3.2", f"{host} Service shutting down, try again later")
+        if len(self.sessions) > self.settings.max_connections:
+            host = self.settings.relay.hostname
+            return Reply.make(421, "4.3.2", f"{host} Error: too many connections, try later")
+        return access.admit(
+            client_ip,
+            destination,
+            allow=self.settings.allow,
+            own=own,
+            hostname=self.settings.relay.hostname,
+        )
+
+    def tls_allowed(self, destination: str, now: float) -> bool:
+        if self.settings.relay.tls.value == "off":
+            return False
+        return self._tls_memory.tls_allowed(destination, now)
+
+    def tls_failed(self, destination: str, now: float) -> None:
+        self._tls_memory.record_failure(destination, now)
+
+    def start_session(self, session: Session) -> None:
+        self.sessions.add(session)
+        self.sessions_total += 1
+        assert self._spawn is not None
+        self._spawn(session.run())
+
+    def end_session(self, session: Session) -> None:
+        self.sessions.discard(session)
+
+
+class Proxy:
+    """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends."""
+
+    def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
+        self.settings = settings
+        self._own_writer = log_writer is None
+        self.log_writer = log_writer or open_log(settings.log, settings.log_queue_limit)
+        self.context = ProxyContext(settings, self.log_writer)
+        self._servers: list[asyncio.Server] = []
+        self._group: asyncio.TaskGroup | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [sock.getsockname()[:2] for srv in self._servers for sock in srv.sockets]
+
+    async def __aenter__(self) -> Proxy:
+        loop = asyncio.get_running_loop()
+        self.log_writer.start()
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        self.context._spawn = self._group.create_task
+        listen = self.settings.listen
+        try:
+            server = await loop.create_server(
+                lambda: ClientProtocol(self.context),
+                listen.host,
+                listen.port,
+                backlog=1024,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            await self._group.__aexit__(None, None, None)
+            self.log_writer.close()
+            raise OSError(
+                exc.errno,
+                f"cannot listen on {listen}: {exc.strerror} (is another process "
+                "using it? choose another with --listen)",
+            ) from None
+        self._servers.append(server)
+        self.context.own_addresses = self.addresses
+        log.info("listening on %s (%s)", listen, self._mode())
+        return self
+
+    def _mode(self) -> str:
+        up = self.settings.upstream
+        return f"fixed upstream {up}" if up is not None else "transparent, SO_ORIGINAL_DST"
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop accepting; let sessions finish within ``grace`` seconds; end the rest."""
+        grace = self.settings.shutdown_grace if grace is None else grace
+        self.context.accepting = False
+        for server in self._servers:
+            server.close()
+        sessions = self.context.sessions
+        for session in list(sessions):
+            session.shutdown(forced=False)
+        deadline = time.monotonic() + grace
+        while sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for session in list(sessions):
+            session.shutdown(forced=True)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.context.accepting:
+            await self.shutdown(grace=0 if exc is not None else None)
+        assert self._group is not None
+        await self._group.__aexit__(exc_type, exc, tb)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        if self._own_writer:
+            await asyncio.to_thread(self.log_writer.close)
+        if self.log_writer.dropped:
+            log.warning("session log: %d records dropped", self.log_writer.dropped)
+
+
+async def serve(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with Proxy(settings) as proxy:
+        print(f"mailsluice listening on {settings.listen} ({proxy._mode()})", flush=True)
+        await stop.wait()
+        log.info("shutting down: %d sessions open", len(proxy.context.sessions))
+        await proxy.shutdown()
+    return 0
+
+
+def run(settings: Settings) -> int:
+    """Blocking entry point: uvloop when installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(settings))
+    return int(uvloop.run(serve(settings)))

@@ -1,0 +1,89 @@
+"""TLS toward the destination: the client context and certificate-chain verification.
+
+Opportunistic TLS must not fail on an untrusted certificate, so the handshake itself does
+not verify. Afterwards the chain the MX presented is checked against the trust store
+(``cryptography``'s X.509 verifier) and the result is recorded. The host name is not
+checked: in transparent mode only the destination IP is known (MTA-STS/DANE, which
+supply the name, come later).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ssl
+import warnings
+from typing import Any
+
+from cryptography import x509
+from cryptography.x509 import verification as xv
+
+SYSTEM_CA_FILE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def client_context(ca_file: str | None = None) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca_file:
+        context.load_verify_locations(ca_file)
+    return context
+
+
+class ChainVerifier:
+    """Verify a presented chain against trusted roots (no host name check)."""
+
+    def __init__(self, ca_file: str | None = SYSTEM_CA_FILE) -> None:
+        roots: list[x509.Certificate] = []
+        if ca_file:
+            try:
+                with open(ca_file, "rb") as handle, warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # old roots with odd serial numbers
+                    roots = x509.load_pem_x509_certificates(handle.read())
+            except (OSError, ValueError):
+                roots = []
+        self._store = xv.Store(roots) if roots else None
+
+    def verify(self, ssl_object: Any) -> bool:
+        """True when the peer's chain leads to a trusted root and is valid now."""
+        if self._store is None or ssl_object is None:
+            return False
+        try:
+            chain = [x509.load_der_x509_certificate(der) for der in _unverified_chain(ssl_object)]
+        except ValueError:
+            return False
+        if not chain:
+            return False
+        leaf, intermediates = chain[0], chain[1:]
+        subject = _subject_of(leaf)
+        if subject is None:
+            return False
+        builder = xv.PolicyBuilder().store(self._store).time(dt.datetime.now(dt.UTC))
+        try:
+            builder.build_server_verifier(subject).verify(leaf, intermediates)
+        except (xv.VerificationError, ValueError):
+            return False
+        return True
+
+
+def _unverified_chain(ssl_object: Any) -> list[bytes]:
+    getter = getattr(ssl_object, "get_unverified_chain", None)  # Python >= 3.13
+    if getter is None:
+        getter = getattr(getattr(ssl_object, "_sslobj", None), "get_unverified_chain", None)
+    if getter is None:
+        der = ssl_object.getpeercert(binary_form=True)
+        return [der] if der else []
+    items = getter() or []
+    return [
+        item if isinstance(item, bytes) else item.public_bytes(1)
+        for item in items  # 1 = DER
+    ]
+
+
+def _subject_of(leaf: x509.Certificate) -> x509.DNSName | None:
+    try:
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    names = san.get_values_for_type(x509.DNSName)
+    return x509.DNSName(names[0].replace("*", "mailsluice-check", 1)) if names else None
