@@ -1,0 +1,155 @@
+"""The ``sessions`` and ``transcript`` CLI commands: render the session log for people.
+
+Both return an exit code (0 ok, 1 log unreadable or session not found, with the
+reason on ``err``, stderr by default). Logged text comes from remote peers, so
+control characters are shown escaped (``\\x1b``), never sent to the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from mailsluice.sessionlog.codec import LogReadError
+from mailsluice.sessionlog.reader import list_sessions, session_with_transcript
+
+__all__ = ["print_sessions", "print_transcript"]
+
+_ARROWS = {
+    "c>s": "C -> S",  # client command relayed to the MX
+    "s>c": "C <- S",  # MX reply relayed to the client
+    "c>p": "C -> P",  # client command answered by the proxy
+    "p>c": "C <- P",  # the proxy's own reply
+    "p>s": "P -> S",  # the proxy's own command to the MX
+    "s>p": "P <- S",  # MX reply to the proxy's command
+    "note": "  **  ",  # an event, not a line
+}
+_MAX_CELL = 40
+
+
+def printable(text: str) -> str:
+    """``text`` with non-printable characters shown as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _cell(value: object, width: int = _MAX_CELL) -> str:
+    if value is None:
+        return "-"
+    text = printable(str(value))
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _rcpt_cell(rcpts: Sequence[str]) -> str:
+    if not rcpts:
+        return "-"
+    first = _cell(rcpts[0])
+    return first if len(rcpts) == 1 else f"{first} +{len(rcpts) - 1}"
+
+
+def _started(iso: str | None) -> str:
+    # "2024-05-01T12:00:00.123Z" -> "2024-05-01 12:00:00"
+    return "-" if iso is None else iso[:19].replace("T", " ")
+
+
+def _tls(session: dict[str, Any]) -> str:
+    version = session.get("tls_version")
+    if version is None:
+        return "-" if session.get("ended_at") is None else "none"
+    return _cell(version)
+
+
+def _ms(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.0f}"
+
+
+def _table(sessions: list[dict[str, Any]]) -> list[str]:
+    header = ("STARTED (UTC)", "ID", "CLIENT", "DESTINATION", "FROM", "RCPT", "TLS", "MSGS",
+              "BYTES", "CODE", "354MS")  # fmt: skip
+    rows = [
+        (
+            _started(s["started_at"]),
+            printable(s["id"]),
+            _cell(s["client"]),
+            _cell(s["destination"]),
+            "<>" if s["mail_from"] == "" else _cell(s["mail_from"]),
+            _rcpt_cell(s["rcpt_to"]),
+            _tls(s),
+            _cell(s["messages"]),
+            _cell(s["bytes"]),
+            _cell(s["final_code"]),
+            _ms(s["connect_to_354_ms"]),
+        )
+        for s in sessions
+    ]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    numeric = {7, 8, 9, 10}
+    return [
+        "  ".join(
+            c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(r)
+        ).rstrip()
+        for r in (header, *rows)
+    ]
+
+
+def print_sessions(
+    url: str, *, as_json: bool, limit: int, out: TextIO, err: TextIO | None = None
+) -> int:
+    """List the newest ``limit`` sessions: a table, or one JSON object per line."""
+    err = err if err is not None else sys.stderr
+    try:
+        sessions = list_sessions(url, limit)
+    except LogReadError as exc:
+        print(f"mailsluice: {exc}", file=err)
+        return 1
+    if as_json:
+        for session in sessions:
+            out.write(json.dumps(session, ensure_ascii=True) + "\n")
+        return 0
+    if not sessions:
+        print(f"mailsluice: no sessions logged in {url} yet", file=err)
+        return 0
+    out.write("\n".join(_table(sessions)) + "\n")
+    return 0
+
+
+def _header(session: dict[str, Any]) -> str:
+    parts = [f"session {printable(session['id'])}"]
+    if session["client"] or session["destination"]:
+        parts.append(f"{_cell(session['client'])} -> {_cell(session['destination'])}")
+    if session["helo"]:
+        parts.append(f"helo {_cell(session['helo'])}")
+    parts.append(f"started {session['started_at'] or '-'}")
+    if session["ended_at"]:
+        parts.append(f"ended {session['ended_at']} ({_cell(session['reason'])})")
+    else:
+        parts.append("not ended")
+    return "  ".join(parts)
+
+
+def print_transcript(url: str, session_id: str, out: TextIO, *, err: TextIO | None = None) -> int:
+    """Print one session's transcript: timestamp, direction arrow, text."""
+    err = err if err is not None else sys.stderr
+    try:
+        session, lines = session_with_transcript(url, session_id)
+    except LogReadError as exc:
+        print(f"mailsluice: {exc}", file=err)
+        return 1
+    out.write(_header(session) + "\n")
+    if not lines:
+        out.write("(no transcript lines logged for this session)\n")
+        return 0
+    for line in lines:
+        stamp = line["at"] or "-"
+        direction = line["direction"]
+        arrow = _ARROWS.get(direction, printable(direction).center(6))
+        prefix = f"{stamp:<24}  {arrow}  "
+        first, *rest = line["text"].split("\n")
+        out.write(prefix + printable(first) + "\n")
+        indent = " " * len(prefix)
+        for more in rest:
+            out.write(indent + printable(more) + "\n")
+    return 0

@@ -1,0 +1,277 @@
+"""The SQLite session log: schema, migrations, the batch writer and read-only opening.
+
+One database file (WAL journal, ``synchronous=NORMAL``: a power cut may lose the
+last batches but never corrupts the file). Each batch is one transaction. The
+schema version lives in ``PRAGMA user_version``; ``_MIGRATIONS`` maps each version
+to the script that lifts it to the next, so later versions can add columns.
+
+Session rows are upserted both ways (``SessionOpened`` fills the start columns,
+``SessionClosed`` the end columns), so a session whose opening record was dropped
+still gets a row. Transcript lines and transactions are keyed by
+``(session_id, seq)`` and written with ``INSERT OR REPLACE``, so a replay cannot
+fail a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+from mailsluice.relay.records import (
+    Record,
+    SessionOpened,
+    TransactionEnded,
+    TranscriptLine,
+)
+from mailsluice.sessionlog.codec import LogReadError, SessionLogError, clean_opt, clean_text
+
+__all__ = ["SCHEMA_VERSION", "SqliteBackend", "create_private_file", "open_readonly"]
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT = 2.0  # seconds the writer waits for a lock held by a reader or another writer
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    client TEXT,
+    destination TEXT,
+    source_ip TEXT,
+    helo TEXT,
+    tls_version TEXT,
+    tls_cipher TEXT,
+    tls_verified INTEGER,
+    started_at REAL,
+    ended_at REAL,
+    messages INTEGER,
+    bytes INTEGER,
+    final_code INTEGER,
+    connect_to_354_ms REAL,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS sessions_started_at ON sessions (started_at);
+CREATE TABLE IF NOT EXISTS transactions (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    mail_from TEXT,
+    rcpt_to TEXT,           -- JSON array of strings
+    accepted_rcpt_to TEXT,  -- JSON array of strings
+    size INTEGER,
+    reply_code INTEGER,
+    reply_text TEXT,
+    outcome TEXT,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE INDEX IF NOT EXISTS transactions_started_at ON transactions (started_at);
+CREATE TABLE IF NOT EXISTS transcript (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at REAL,
+    direction TEXT,
+    text TEXT,
+    PRIMARY KEY (session_id, seq)  -- also the index for "the transcript of a session"
+);
+"""
+
+# version -> script that brings a database at that version to version + 1
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+_OUR_TABLES = frozenset({"sessions", "transactions", "transcript"})
+
+_OPEN_SQL = """
+INSERT INTO sessions (id, client, destination, source_ip, started_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET client = excluded.client, destination = excluded.destination,
+    source_ip = excluded.source_ip, started_at = excluded.started_at
+"""
+_CLOSE_SQL = """
+INSERT INTO sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at, messages,
+    bytes, final_code, connect_to_354_ms, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET helo = excluded.helo, tls_version = excluded.tls_version,
+    tls_cipher = excluded.tls_cipher, tls_verified = excluded.tls_verified,
+    ended_at = excluded.ended_at, messages = excluded.messages, bytes = excluded.bytes,
+    final_code = excluded.final_code, connect_to_354_ms = excluded.connect_to_354_ms,
+    reason = excluded.reason
+"""
+_LINE_SQL = """
+INSERT OR REPLACE INTO transcript (session_id, seq, at, direction, text) VALUES (?, ?, ?, ?, ?)
+"""
+_TXN_SQL = """
+INSERT OR REPLACE INTO transactions (session_id, seq, started_at, ended_at, mail_from, rcpt_to,
+    accepted_rcpt_to, size, reply_code, reply_text, outcome)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+
+def create_private_file(path: Path, what: str, url_example: str) -> None:
+    """Create ``path`` (mode 0640) if missing; the log holds addresses, keep it private.
+
+    Raises :class:`SessionLogError` naming the path and the fix.
+    """
+    parent = path.parent
+    if not parent.is_dir():
+        raise SessionLogError(
+            f"{what} {path}: the directory {parent} does not exist; create it "
+            f'(mkdir -p {parent}) or point log at another place (log = "{url_example}")'
+        )
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise SessionLogError(
+            f"{what} {path}: cannot create the file ({exc.strerror}); check the "
+            f'permissions of {parent} or point log elsewhere (log = "{url_example}")'
+        ) from None
+    os.close(fd)
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise SessionLogError(
+            f"session log {path}: written by a newer mailsluice (schema {version}, this "
+            f"version knows up to {SCHEMA_VERSION}); upgrade mailsluice or use another file"
+        )
+    if version == 0:
+        found = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        tables = {row[0] for row in found}
+        if tables - _OUR_TABLES:
+            raise SessionLogError(
+                f"session log {path}: this SQLite database is not a mailsluice session log "
+                f"(it has tables {', '.join(sorted(tables))}); choose another file"
+            )
+    while version < SCHEMA_VERSION:
+        conn.executescript(
+            f"BEGIN IMMEDIATE; {_MIGRATIONS[version]}; PRAGMA user_version = {version + 1}; COMMIT;"
+        )
+        version += 1
+
+
+class SqliteBackend:
+    """Writes batches of records into a SQLite database (one transaction per batch)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        create_private_file(path, "session log", "sqlite:/var/lib/mailsluice/log.db")
+        try:
+            # Opened here (so startup reports a bad file), used only by the writer thread.
+            conn = sqlite3.connect(
+                str(path), timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise SessionLogError(f"session log {path}: cannot open: {exc}") from None
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            _migrate(conn, path)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise SessionLogError(
+                f"session log {path}: cannot use the file as a SQLite database ({exc}); "
+                "choose another file or move this one away"
+            ) from None
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def write_batch(self, records: list[Record]) -> None:
+        opened: list[tuple[object, ...]] = []
+        lines: list[tuple[object, ...]] = []
+        txns: list[tuple[object, ...]] = []
+        closed: list[tuple[object, ...]] = []
+        for r in records:
+            if isinstance(r, TranscriptLine):
+                lines.append(
+                    (clean_text(r.session_id), r.seq, r.at, r.direction.value, clean_text(r.text))
+                )
+            elif isinstance(r, SessionOpened):
+                opened.append(
+                    (
+                        clean_text(r.session_id),
+                        clean_text(r.client),
+                        clean_text(r.destination),
+                        clean_opt(r.source_ip),
+                        r.at,
+                    )
+                )
+            elif isinstance(r, TransactionEnded):
+                txns.append(
+                    (
+                        clean_text(r.session_id),
+                        r.seq,
+                        r.started_at,
+                        r.ended_at,
+                        clean_text(r.mail_from),
+                        json.dumps([clean_text(a) for a in r.rcpt_to], ensure_ascii=False),
+                        json.dumps([clean_text(a) for a in r.accepted_rcpt_to], ensure_ascii=False),
+                        r.size,
+                        r.reply_code,
+                        clean_opt(r.reply_text),
+                        clean_text(r.outcome),
+                    )
+                )
+            else:
+                closed.append(
+                    (
+                        clean_text(r.session_id),
+                        clean_opt(r.helo),
+                        clean_opt(r.tls_version),
+                        clean_opt(r.tls_cipher),
+                        r.tls_verified,
+                        r.at,
+                        r.messages,
+                        r.bytes,
+                        r.final_code,
+                        r.connect_to_354_ms,
+                        clean_text(r.reason),
+                    )
+                )
+        conn = self._conn
+        conn.execute("BEGIN")
+        try:
+            # Inserts before updates: a session opened and closed in one batch ends complete.
+            if opened:
+                conn.executemany(_OPEN_SQL, opened)
+            if lines:
+                conn.executemany(_LINE_SQL, lines)
+            if txns:
+                conn.executemany(_TXN_SQL, txns)
+            if closed:
+                conn.executemany(_CLOSE_SQL, closed)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def open_readonly(path: Path) -> sqlite3.Connection:
+    """Open an existing session log for reading; check it is one this version understands."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
+    except sqlite3.Error as exc:
+        raise LogReadError(f"session log {path}: cannot open: {exc}") from None
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.Error as exc:
+        conn.close()
+        raise LogReadError(f"session log {path}: not a readable SQLite database ({exc})") from None
+    if version == 0:
+        conn.close()
+        raise LogReadError(
+            f"session log {path}: not a mailsluice session log (no schema); "
+            "check --log / --config name the log the proxy writes"
+        )
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise LogReadError(
+            f"session log {path}: written by a newer mailsluice (schema {version}, this "
+            f"version reads up to {SCHEMA_VERSION}); upgrade mailsluice"
+        )
+    return conn
