@@ -78,6 +78,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # these take their own options, passed through untouched
+        from mailsluice.demo import main as demo_main
+
+        return demo_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from mailsluice.benchmark import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
@@ -94,14 +103,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         mode = f"upstream {settings.upstream}" if settings.upstream else "transparent"
         print(f"{args.file}: OK (listen {settings.listen}, {mode}, log {settings.log})")
         return 0
-    if args.command == "demo":
-        from mailsluice.demo import main as demo_main
-
-        return demo_main(list(args.args))
-    if args.command == "bench":
-        from mailsluice.benchmark import main as bench_main
-
-        return bench_main(list(args.args))
     settings = settings_from_args(args)
     if args.command == "sessions":
         from mailsluice.sessionlog.cli_commands import print_sessions

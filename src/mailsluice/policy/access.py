@@ -54,7 +54,9 @@ def admit(
     if not client_allowed(client_ip, allow):
         return Reply.make(554, "5.7.1", f"{hostname} Error: access denied for {client_ip}")
     if is_loop(destination, own):
-        return Reply.make(
-            421, "4.4.6", f"{hostname} Error: routing loop detected (connection not redirected)"
-        )
+        return loop_refusal(hostname)
     return None
+
+
+def loop_refusal(hostname: str) -> Reply:
+    return Reply.make(421, "4.4.6", f"{hostname} Error: routing loop detected")

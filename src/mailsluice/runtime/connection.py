@@ -87,6 +87,7 @@ class Session:
         self._work: asyncio.Future[None] = self._loop.create_future()
         self._want_connect = False
         self._want_tls = False
+        self._source: tuple[str, int] | None = None
         self.destination: tuple[str, int] = ("", 0)
         self.relay: Relay | None = None
         self._prepare(client)
@@ -246,26 +247,46 @@ class Session:
 
     # ------------------------------------------------------------ waiting work
     async def _connect(self) -> None:
+        """Dial the MX. The source address is bound and registered *before* connecting, so a
+        redirect of our own connection back to us is recognised as a loop when it arrives."""
         ctx = self._ctx
         host, port = ctx.upstream_for(self.destination)
-        local = (ctx.settings.outbound_ip, 0) if ctx.settings.outbound_ip else None
+        sock: socket.socket | None = None
         try:
             async with asyncio.timeout(ctx.settings.relay.timeouts.connect):
+                infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                family, _, proto, _, address = infos[0]
+                sock = socket.socket(family, socket.SOCK_STREAM, proto)
+                sock.setblocking(False)
+                sock.bind(
+                    (
+                        ctx.settings.outbound_ip
+                        or ("::" if family == socket.AF_INET6 else "0.0.0.0"),
+                        0,
+                    )
+                )
+                # Until connected, the source IP is not chosen yet: register the port alone.
+                self._source = ("", sock.getsockname()[1])
+                ctx.outbound_sources.add(self._source)
+                await self._loop.sock_connect(sock, address)
+                source = sock.getsockname()
+                ctx.outbound_sources.discard(self._source)
+                self._source = (source[0].removeprefix("::ffff:"), source[1])
+                ctx.outbound_sources.add(self._source)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 transport, _ = await self._loop.create_connection(
-                    lambda: _Side(self, client=False), host, port, local_addr=local
+                    lambda: _Side(self, client=False), sock=sock
                 )
         except (OSError, TimeoutError) as exc:
+            if sock is not None:
+                sock.close()
             reason = "connect timeout" if isinstance(exc, TimeoutError) else str(exc)
             self._feed(ev.ServerConnectFailed(reason or type(exc).__name__))
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.relay is None or self.relay.closed:
             transport.close()
             return
         self._server = transport
-        source = transport.get_extra_info("sockname") or ("?", 0)
         self._feed(ev.ServerConnected(format_address(source)))
 
     async def _start_tls(self) -> None:
@@ -300,4 +321,6 @@ class Session:
             if transport is not None:
                 transport.close()
         self._server = self._client = None
+        if self._source is not None:
+            self._ctx.outbound_sources.discard(self._source)
         self._ctx.end_session(self)

@@ -43,6 +43,9 @@ class ProxyContext:
         self._tls_memory = TlsFailureMemory()
         self.sessions: set[Session] = set()
         self.own_addresses: list[tuple[str, int]] = []
+        # Source addresses of our live connections to MXes: a client connecting from one
+        # of them is our own traffic redirected back to us (no owner exclusion): a loop.
+        self.outbound_sources: set[tuple[str, int]] = set()
         self._spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
@@ -73,6 +76,8 @@ class ProxyContext:
         own = list(self.own_addresses)
         if sock is not None and self.settings.upstream is None:
             own.append(sock.getsockname()[:2])
+        if sock is not None and self._is_own_traffic(_plain(sock.getpeername())):
+            return access.loop_refusal(self.settings.relay.hostname)
         if not self.accepting:
             host = self.settings.relay.hostname
             return Reply.make(421, "4.3.2", f"{host} Service shutting down, try again later")
@@ -86,6 +91,10 @@ class ProxyContext:
             own=own,
             hostname=self.settings.relay.hostname,
         )
+
+    def _is_own_traffic(self, peer: tuple[str, int]) -> bool:
+        sources = self.outbound_sources
+        return peer in sources or ("", peer[1]) in sources
 
     def tls_allowed(self, destination: str, now: float) -> bool:
         if self.settings.relay.tls.value == "off":
@@ -103,6 +112,11 @@ class ProxyContext:
 
     def end_session(self, session: Session) -> None:
         self.sessions.discard(session)
+
+
+def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
+    host = address[0].removeprefix("::ffff:")
+    return (host, address[1])
 
 
 class Proxy:

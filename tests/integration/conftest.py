@@ -1,0 +1,51 @@
+"""Integration fixtures: mailsluice running in-process on the test's event loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mailsluice.config import HostPort, Settings
+from mailsluice.relay.config import RelayConfig, Timeouts
+from mailsluice.runtime.server import Proxy
+
+ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
+
+
+@pytest.fixture
+def proxy_factory(tmp_path: Path) -> ProxyFactory:
+    """``async with proxy_factory(("127.0.0.1", mx_port), **relay_overrides) as proxy:``.
+
+    Listens on 127.0.0.1 (free port), relays to the given upstream, logs to SQLite in
+    ``tmp_path``. Relay settings (``bare_newline=...``, ``timeouts=Timeouts(...)``) and
+    top-level settings (``settings=dict(...)``) can be overridden.
+    """
+
+    @asynccontextmanager
+    async def start(
+        upstream: tuple[str, int],
+        *,
+        settings: dict[str, Any] | None = None,
+        timeouts: dict[str, float] | None = None,
+        **relay: Any,
+    ) -> AsyncIterator[Proxy]:
+        relay_cfg = replace(RelayConfig(), **relay)
+        if timeouts:
+            relay_cfg = replace(relay_cfg, timeouts=replace(Timeouts(), **timeouts))
+        config = Settings(
+            listen=HostPort("127.0.0.1", 0),
+            upstream=HostPort(*upstream),
+            log=f"sqlite:{tmp_path / 'sessions.db'}",
+            relay=relay_cfg,
+        )
+        if settings:
+            config = replace(config, **settings)
+        async with Proxy(config) as proxy:
+            yield proxy
+
+    return start
