@@ -52,10 +52,14 @@ def admit(
 ) -> Reply | None:
     """The refusal to give this connection, or None to relay it."""
     if not client_allowed(client_ip, allow):
-        return Reply.make(554, "5.7.1", f"{hostname} Error: access denied for {client_ip}")
+        return denied(client_ip, hostname)
     if is_loop(destination, own):
         return loop_refusal(hostname)
     return None
+
+
+def denied(client_ip: str, hostname: str) -> Reply:
+    return Reply.make(554, "5.7.1", f"{hostname} Error: access denied for {client_ip}")
 
 
 def loop_refusal(hostname: str) -> Reply:

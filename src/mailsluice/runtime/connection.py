@@ -191,14 +191,14 @@ class Session:
         submit = self._ctx.log_writer.submit
         for action in actions:
             match action:
+                case act.Log(record):
+                    submit(record)
                 case act.SendToServer(data):
                     if self._server is not None:
                         self._server.write(data)
                 case act.SendToClient(data):
                     if self._client is not None:
                         self._client.write(data)
-                case act.Log(record):
-                    submit(record)
                 case act.SetTimer(seconds):
                     self._arm(seconds)
                 case act.ConnectServer():
@@ -254,8 +254,7 @@ class Session:
         sock: socket.socket | None = None
         try:
             async with asyncio.timeout(ctx.settings.relay.timeouts.connect):
-                infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                family, _, proto, _, address = infos[0]
+                family, proto, address = await self._resolve(host, port)
                 sock = socket.socket(family, socket.SOCK_STREAM, proto)
                 sock.setblocking(False)
                 sock.bind(
@@ -288,6 +287,18 @@ class Session:
             return
         self._server = transport
         self._feed(ev.ServerConnected(format_address(source)))
+
+    async def _resolve(self, host: str, port: int) -> tuple[int, int, tuple[str, int]]:
+        """Address family and sockaddr; no resolver round trip for IP literals (the usual case)."""
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                socket.inet_pton(family, host)
+            except OSError:
+                continue
+            return family, socket.IPPROTO_TCP, (host, port)
+        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, proto, _, address = infos[0]
+        return family, proto, (str(address[0]), int(address[1]))
 
     async def _start_tls(self) -> None:
         server = self._server

@@ -46,6 +46,7 @@ class ProxyContext:
         # Source addresses of our live connections to MXes: a client connecting from one
         # of them is our own traffic redirected back to us (no owner exclusion): a loop.
         self.outbound_sources: set[tuple[str, int]] = set()
+        self._allowed_clients: dict[str, bool] = {}  # client IP -> in an allowed network
         self._spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
@@ -84,13 +85,17 @@ class ProxyContext:
         if len(self.sessions) > self.settings.max_connections:
             host = self.settings.relay.hostname
             return Reply.make(421, "4.3.2", f"{host} Error: too many connections, try later")
-        return access.admit(
-            client_ip,
-            destination,
-            allow=self.settings.allow,
-            own=own,
-            hostname=self.settings.relay.hostname,
-        )
+        allowed = self._allowed_clients.get(client_ip)
+        if allowed is None:
+            if len(self._allowed_clients) > 4096:
+                self._allowed_clients.clear()
+            allowed = access.client_allowed(client_ip, self.settings.allow)
+            self._allowed_clients[client_ip] = allowed
+        if not allowed:
+            return access.denied(client_ip, self.settings.relay.hostname)
+        if access.is_loop(destination, own):
+            return access.loop_refusal(self.settings.relay.hostname)
+        return None
 
     def _is_own_traffic(self, peer: tuple[str, int]) -> bool:
         sources = self.outbound_sources
