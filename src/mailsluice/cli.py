@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow", nargs="+", metavar="CIDR", help="client networks allowed to connect"
     )
     serve.add_argument("--message-size-limit", type=int, metavar="BYTES")
+    serve.add_argument(
+        "--workers", type=int, metavar="N", help="worker processes sharing the port (default 1)"
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every session event")
 
     check = sub.add_parser("check-config", help="validate a configuration file")
@@ -65,7 +68,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Embedded defaults, then the config file, then the flags."""
     settings = load_file(args.config) if getattr(args, "config", None) else Settings()
     flags: dict[str, object] = {}
-    for name in ("listen", "upstream", "outbound_ip", "log", "message_size_limit"):
+    for name in ("listen", "upstream", "outbound_ip", "log", "message_size_limit", "workers"):
         value = getattr(args, name, None)
         if value is not None:
             flags[name] = value

@@ -50,7 +50,8 @@ class Settings:
     )
     log: str = DEFAULT_LOG
     log_queue_limit: int = 100_000  # records held for the log writer before dropping
-    max_connections: int = 1000
+    max_connections: int = 1000  # per worker
+    workers: int = 1  # processes sharing the listening port (SO_REUSEPORT)
     shutdown_grace: float = 60.0  # seconds in-flight transactions get on SIGTERM
     verbose: bool = False
     relay: RelayConfig = field(default_factory=RelayConfig)
@@ -149,6 +150,8 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
                 top["log"] = _log_url(_string(raw, key), key)
             case "log_queue_limit":
                 top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
+            case "workers":
+                top["workers"] = int(_number(raw, key, minimum=1, integer=True))
             case "max_connections":
                 top["max_connections"] = int(_number(raw, key, minimum=1, integer=True))
             case "shutdown_grace":

@@ -26,6 +26,7 @@ from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.runtime.connection import ClientProtocol, Session
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
+from mailsluice.runtime.workers import supervise
 from mailsluice.sessionlog.writer import LogWriter, open_log
 from mailsluice.smtp.replies import Reply
 
@@ -157,6 +158,7 @@ class Proxy:
                 listen.port,
                 backlog=1024,
                 reuse_address=True,
+                reuse_port=self.settings.workers > 1,
             )
         except OSError as exc:
             await self._group.__aexit__(None, None, None)
@@ -224,7 +226,15 @@ async def serve(settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    """Blocking entry point: uvloop when installed."""
+    """Blocking entry point: one process, or ``settings.workers`` forked workers."""
+    if settings.workers <= 1:
+        return _run_one(settings)
+    open_log(settings.log, settings.log_queue_limit).close()  # create the log before forking
+    print(f"mailsluice: {settings.workers} workers on {settings.listen}", flush=True)
+    return supervise(settings.workers, lambda: _run_one(settings))
+
+
+def _run_one(settings: Settings) -> int:
     try:
         import uvloop
     except ImportError:

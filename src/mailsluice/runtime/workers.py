@@ -1,0 +1,87 @@
+"""Several worker processes sharing one listening port (``SO_REUSEPORT``).
+
+One Python process uses one core. With ``workers = N`` the parent forks N workers before
+any event loop or thread exists; each runs its own ``Proxy`` on the same address (the
+kernel spreads new connections over them) with its own log writer thread writing to the
+same SQLite file (WAL, one short transaction per batch). The parent only supervises: it
+forwards SIGTERM/SIGINT, so every worker shuts down gracefully, and it restarts a worker
+that dies unexpectedly (at most once a second).
+
+Sessions never move between workers; what a worker remembers (TLS failures, its own
+outbound sources for loop detection) is its own. A self-redirect loop is still caught:
+each hop lands on a random worker and stops as soon as it reaches the one that dialled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+
+log = logging.getLogger("mailsluice.workers")
+
+
+def supervise(count: int, work: Callable[[], int]) -> int:
+    """Fork ``count`` workers running ``work`` and wait for them; returns the exit code."""
+    stopping = False
+    children: dict[int, int] = {}  # pid -> worker number
+    last_start: dict[int, float] = {}
+
+    def spawn(number: int) -> None:
+        wait = last_start.get(number, 0.0) + 1.0 - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # crash loop guard: at most one restart a second per worker
+        last_start[number] = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            code = 1
+            try:
+                code = work()
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        children[pid] = number
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(children):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    status_code = 0
+    try:
+        for number in range(count):
+            spawn(number)
+        while children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            if pid not in children:
+                continue
+            number = children.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            if stopping:
+                status_code = max(status_code, code if code > 0 else 0)
+                continue
+            if code != 0 and time.monotonic() - last_start[number] < 5.0:
+                log.error("worker %d failed at start (exit %d); stopping", number, code)
+                status_code = code
+                forward(signal.SIGTERM, None)
+                continue
+            log.error("worker %d (pid %d) exited with %d; restarting it", number, pid, code)
+            spawn(number)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return status_code

@@ -1,0 +1,1 @@
+"""mailsluice test suite (a package so that ``tests.support`` is importable)."""

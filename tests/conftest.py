@@ -1,0 +1,44 @@
+"""Shared fixtures: the test PKI and TLS contexts; hypothesis profiles.
+
+Hypothesis profiles: ``fast`` (default, 200 examples) and ``deep`` (20,000 examples), chosen
+with the environment variable ``HYPOTHESIS_PROFILE``.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+import pytest
+import trustme
+from hypothesis import settings
+
+from tests.support import certs
+
+settings.register_profile("fast", max_examples=200, deadline=None)
+settings.register_profile("deep", max_examples=20_000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+
+@pytest.fixture(scope="session")
+def tls_ca() -> trustme.CA:
+    """The test CA (one per test session)."""
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def mx_cert(tls_ca: trustme.CA) -> trustme.LeafCert:
+    """The MX certificate: mx.test, localhost, 127.0.0.1, ::1, issued by ``tls_ca``."""
+    return tls_ca.issue_cert(*certs.MX_IDENTITIES)
+
+
+@pytest.fixture
+def server_ssl_context(mx_cert: trustme.LeafCert) -> ssl.SSLContext:
+    """A server-side context presenting ``mx_cert``."""
+    return certs.server_context(mx_cert)
+
+
+@pytest.fixture
+def client_ssl_context(tls_ca: trustme.CA) -> ssl.SSLContext:
+    """A verifying client context trusting ``tls_ca``."""
+    return certs.client_context(tls_ca)
