@@ -1,7 +1,8 @@
 """Benchmarks for mailsluice: `mailsluice bench SUB [options]`.
 
-Sub-benchmarks: `relay` (messages/s through mailsluice against a direct
-connection, an nginx stream proxy and a Postfix relay; see bench/README.md).
+Sub-benchmarks: `idle` (memory per held session, greeting latency) and `relay`
+(messages/s through mailsluice against a direct connection, an nginx stream proxy
+and a Postfix relay; see bench/README.md).
 Each sub-benchmark module has `main(argv) -> int`.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-_USAGE = "usage: mailsluice bench {relay} [options]   (mailsluice bench relay --help)"
+_USAGE = "usage: mailsluice bench {relay,idle} [options]   (mailsluice bench relay --help)"
 
 
 def main(argv: list[str]) -> int:
@@ -22,5 +23,9 @@ def main(argv: list[str]) -> int:
         from mailsluice.benchmark import relay
 
         return relay.main(rest)
+    if name == "idle":
+        from mailsluice.benchmark import idle
+
+        return idle.main(rest)
     print(f"mailsluice bench: unknown benchmark {name!r}\n{_USAGE}", file=sys.stderr)
     return 2

@@ -50,6 +50,7 @@ class Context:
     run_tag: str  # unique per run, used in file names
     nginx_workers: str = "1"
     log_kind: str = "sqlite"
+    mailsluice_workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ async def _mailsluice(ctx: Context) -> AsyncIterator[Endpoint]:
         sys.executable, "-m", "mailsluice", "serve",
         "--listen", f"{LOOPBACK}:{port}",
         "--upstream", f"{LOOPBACK}:{ctx.sink_port}",
-        "--log", log_url,
+        "--log", log_url, "--workers", str(ctx.mailsluice_workers),
     ]  # fmt: skip
     log = ctx.workdir / f"mailsluice-{ctx.run_tag}.log"
     async with child(argv, log=log, grace=15.0) as proc:

@@ -54,6 +54,7 @@ class Options:
     log_kind: str
     reuse: bool
     keep_workdir: bool
+    workers: int = 2
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,9 @@ def parse_options(argv: list[str]) -> Options:
     parser.add_argument(
         "--nginx-workers", type=_workers, default="1", help="nginx worker_processes (N or auto)"
     )
+    parser.add_argument(
+        "--workers", type=_positive, default=2, help="mailsluice worker processes (serve --workers)"
+    )
     parser.add_argument("--log-kind", choices=("sqlite", "jsonl", "none"), default="sqlite",
                         help="mailsluice session log (none: logging off)")  # fmt: skip
     parser.add_argument(
@@ -134,6 +138,7 @@ def parse_options(argv: list[str]) -> Options:
         repeat=args.repeat, out=args.out, timeout=args.timeout,
         startup_timeout=args.startup_timeout, nginx_workers=args.nginx_workers,
         log_kind=args.log_kind, reuse=args.reuse_connections, keep_workdir=args.keep_workdir,
+        workers=args.workers,
     )  # fmt: skip
 
 
@@ -197,6 +202,7 @@ async def _measure(opts: Options, name: str, repeat: int, workdir: Path) -> RunR
         ctx = Context(
             workdir=workdir, sink_port=sink.port, startup_timeout=opts.startup_timeout,
             run_tag=tag, nginx_workers=opts.nginx_workers, log_kind=opts.log_kind,
+            mailsluice_workers=opts.workers,
         )  # fmt: skip
         async with variant(name).start(ctx) as endpoint:
             pid = endpoint.pid
@@ -325,6 +331,7 @@ def main(argv: list[str]) -> int:
             "messages": opts.messages, "sessions": opts.sessions, "size": opts.size,
             "via": list(opts.via), "repeat": opts.repeat, "timeout_s": opts.timeout,
             "nginx_worker_processes": opts.nginx_workers, "mailsluice_log": opts.log_kind,
+            "mailsluice_workers": opts.workers,
             "connection_per_message": not opts.reuse,
         },
         machine=machine, started_at=started_at, runs=[asdict(r) for r in results],

@@ -1,0 +1,131 @@
+"""Idle-session benchmark: memory per held session and greeting latency.
+
+``mailsluice bench idle [--sessions 1000]`` starts ``mailsluice serve`` (one worker, log
+on) in front of a minimal MX on loopback, opens N client connections, has each read the
+greeting and send EHLO, then holds them all open and reads the proxy's RSS. Reported:
+RSS before and with N sessions held, the difference per session, and greeting latency
+percentiles. Bounded: at most 20,000 sessions, every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mailsluice.benchmark.procs import child, free_port, wait_smtp_ready
+
+LOOPBACK = "127.0.0.1"
+EHLO_REPLY = b"250-mx.bench\r\n250-PIPELINING\r\n250 8BITMIME\r\n"
+
+
+async def _mx_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A tiny MX: greeting, EHLO reply, then idles until the proxy goes away."""
+    writer.write(b"220 mx.bench ESMTP\r\n")
+    with contextlib.suppress(Exception):
+        while line := await reader.readline():
+            verb = line[:4].upper()
+            if verb in (b"EHLO", b"HELO"):
+                writer.write(EHLO_REPLY)
+            elif verb == b"QUIT":
+                writer.write(b"221 bye\r\n")
+                break
+            else:
+                writer.write(b"250 ok\r\n")
+    writer.close()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def _client(port: int, held: asyncio.Event, latencies: list[float]) -> bool:
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection(LOOPBACK, port)
+    try:
+        greeting = await asyncio.wait_for(reader.readline(), 30)
+        latencies.append(time.perf_counter() - start)
+        writer.write(b"EHLO client.bench\r\n")
+        while (line := await asyncio.wait_for(reader.readline(), 30))[3:4] == b"-":
+            pass
+        ok = greeting.startswith(b"220") and line.startswith(b"250")
+        await held.wait()
+        writer.write(b"QUIT\r\n")
+        await asyncio.wait_for(reader.read(), 30)
+        return ok
+    finally:
+        writer.close()
+
+
+async def run(sessions: int, log: Path) -> dict[str, float]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = sessions * 2 + 256
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+    mx = await asyncio.start_server(_mx_session, LOOPBACK, 0, backlog=4096)
+    mx_port = mx.sockets[0].getsockname()[1]
+    port = free_port()
+    argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"{LOOPBACK}:{port}",
+            "--upstream", f"{LOOPBACK}:{mx_port}", "--log", "none:"]  # fmt: skip
+    async with child(argv, log=log, grace=10.0) as proc:
+        await wait_smtp_ready(port, timeout=30.0, died=lambda: None)
+        await asyncio.sleep(0.5)
+        before = _rss_kib(proc.pid)
+        held = asyncio.Event()
+        latencies: list[float] = []
+        async with asyncio.timeout(120):
+            tasks = []
+            async with asyncio.TaskGroup() as group:
+                for index in range(sessions):
+                    tasks.append(group.create_task(_client(port, held, latencies)))
+                    if index % 100 == 99:
+                        await asyncio.sleep(0)  # let the backlog drain
+                while len(latencies) < sessions:
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)
+                during = _rss_kib(proc.pid)
+                held.set()
+        ok = sum(1 for task in tasks if task.result())
+    mx.close()
+    latencies.sort()
+    result = {
+        "sessions": sessions,
+        "sessions_ok": ok,
+        "rss_before_kib": before,
+        "rss_held_kib": during,
+        "kib_per_session": round((during - before) / sessions, 2),
+        "greeting_ms_p50": round(statistics.median(latencies) * 1000, 2),
+        "greeting_ms_p99": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 2),
+        "greeting_ms_max": round(latencies[-1] * 1000, 2),
+    }
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mailsluice bench idle", description=__doc__)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not 1 <= args.sessions <= 20_000:
+        parser.error("--sessions must be between 1 and 20000")
+    log = Path(tempfile.gettempdir()) / f"mailsluice-bench-idle-{os.getpid()}.log"
+    try:
+        result = asyncio.run(run(args.sessions, log))
+    finally:
+        log.unlink(missing_ok=True)
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "idle.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["sessions_ok"] == result["sessions"] else 1
