@@ -1,0 +1,127 @@
+"""Configuration: defaults, the TOML file, flags over the file, and clear errors."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from mailsluice.cli import build_parser, main, settings_from_args
+from mailsluice.config import ConfigError, HostPort, Settings, load_file, parse_host_port
+from mailsluice.relay.config import BareNewlinePolicy, TlsMode
+
+pytestmark = pytest.mark.unit
+
+FULL = """
+listen = "0.0.0.0:2525"
+upstream = "10.1.2.3:25"
+outbound_ip = "192.0.2.10"
+allow = ["10.0.0.0/8"]
+log = "jsonl:/tmp/x.jsonl"
+message_size_limit = 5000
+max_recipients = 50
+max_connections = 10
+workers = 2
+bare_newline = "normalize"
+tls = "off"
+hostname = "gw.example"
+shutdown_grace = 5
+verbose = true
+
+[timeouts]
+connect = 3
+data_done = 60.5
+"""
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    settings = Settings()
+    assert settings.listen == HostPort("127.0.0.1", 10025)
+    assert settings.upstream is None
+    assert settings.log == "sqlite:mailsluice.db"
+    assert ipaddress.ip_network("127.0.0.0/8") in settings.allow
+    assert settings.relay.bare_newline is BareNewlinePolicy.REJECT
+    assert settings.relay.tls is TlsMode.OPPORTUNISTIC
+    assert settings.relay.message_size_limit == 10_240_000
+
+
+def test_every_key_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(FULL)
+    s = load_file(path)
+    assert s.listen == HostPort("0.0.0.0", 2525)
+    assert s.upstream == HostPort("10.1.2.3", 25)
+    assert s.outbound_ip == "192.0.2.10"
+    assert s.allow == (ipaddress.ip_network("10.0.0.0/8"),)
+    assert s.log == "jsonl:/tmp/x.jsonl"
+    assert (s.max_connections, s.workers, s.shutdown_grace, s.verbose) == (10, 2, 5, True)
+    assert s.relay.message_size_limit == 5000
+    assert s.relay.max_recipients == 50
+    assert s.relay.bare_newline is BareNewlinePolicy.NORMALIZE
+    assert s.relay.tls is TlsMode.OFF
+    assert s.relay.hostname == "gw.example"
+    assert s.relay.timeouts.connect == 3
+    assert s.relay.timeouts.data_done == 60.5
+    assert s.relay.timeouts.greeting == 240  # untouched keys keep their defaults
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(FULL)
+    args = build_parser().parse_args(
+        ["serve", "--config", str(path), "--listen", "127.0.0.1:1", "--allow", "::1/128",
+         "--message-size-limit", "7", "--workers", "3"]
+    )  # fmt: skip
+    s = settings_from_args(args)
+    assert s.listen == HostPort("127.0.0.1", 1)
+    assert s.allow == (ipaddress.ip_network("::1/128"),)
+    assert s.relay.message_size_limit == 7
+    assert s.workers == 3
+    assert s.upstream == HostPort("10.1.2.3", 25)  # from the file
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('listen = "nohost"', "listen"),
+        ('listen = "1.2.3.4:99999"', "listen"),
+        ('allow = ["10.0.0.300/8"]', "allow"),
+        ('allow = "10.0.0.0/8"', "allow"),
+        ('outbound_ip = "x"', "outbound_ip"),
+        ('log = "mysql:x"', "log"),
+        ("workers = 0", "workers"),
+        ('bare_newline = "ignore"', "bare_newline"),
+        ("message_size_limit = 1.5", "message_size_limit"),
+        ("verbose = 1", "verbose"),
+        ("[timeouts]\nconnekt = 3", "timeouts.connekt"),
+        ("[timeouts]\nconnect = -1", "timeouts.connect"),
+        ("colour = 1", "colour"),
+        ("listen = [", "not valid TOML"),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, text: str, names: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
+        load_file(path)
+
+
+def test_ipv6_listen() -> None:
+    assert parse_host_port("[::1]:25", "listen") == HostPort("::1", 25)
+    assert str(HostPort("::1", 25)) == "[::1]:25"
+
+
+def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(FULL)
+    assert main(["check-config", str(good)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("workers = 0")
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "workers" in err
+    assert "at least 1" in err
+    assert main(["check-config", str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
