@@ -310,7 +310,8 @@ def test_sqlite_schema(tmp_path: Path) -> None:
         plan = " ".join(
             str(r)
             for r in conn.execute(
-                "EXPLAIN QUERY PLAN SELECT * FROM transcript WHERE session_id = ? ORDER BY seq",
+                "EXPLAIN QUERY PLAN SELECT * FROM transcript WHERE session_id = ? "
+                "ORDER BY first_seq",
                 ("s",),
             )
         )

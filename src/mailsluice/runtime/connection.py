@@ -14,7 +14,9 @@ Every wait has a deadline (the relay's ``SetTimer``; the connect timeout here).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, cast
@@ -32,6 +34,11 @@ log = logging.getLogger("mailsluice.connection")
 def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _Side(asyncio.Protocol):
@@ -267,7 +274,7 @@ class Session:
                 # Until connected, the source IP is not chosen yet: register the port alone.
                 self._source = ("", sock.getsockname()[1])
                 ctx.outbound_sources.add(self._source)
-                await self._loop.sock_connect(sock, address)
+                await self._tcp_connect(sock, address)
                 source = sock.getsockname()
                 ctx.outbound_sources.discard(self._source)
                 self._source = (source[0].removeprefix("::ffff:"), source[1])
@@ -287,6 +294,22 @@ class Session:
             return
         self._server = transport
         self._feed(ev.ServerConnected(format_address(source)))
+
+    async def _tcp_connect(self, sock: socket.socket, address: tuple[str, int]) -> None:
+        """Non-blocking connect without ``loop.sock_connect``, which resolves the address in
+        libuv's thread pool even for IP literals (a thread round trip per connection)."""
+        err = sock.connect_ex(address)
+        if err == errno.EINPROGRESS:
+            ready: asyncio.Future[None] = self._loop.create_future()
+            fd = sock.fileno()
+            self._loop.add_writer(fd, _set_done, ready)
+            try:
+                await ready
+            finally:
+                self._loop.remove_writer(fd)
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise OSError(err, os.strerror(err))
 
     async def _resolve(self, host: str, port: int) -> tuple[int, int, tuple[str, int]]:
         """Address family and sockaddr; no resolver round trip for IP literals (the usual case)."""

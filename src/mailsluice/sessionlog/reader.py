@@ -241,13 +241,13 @@ def _sqlite_transcript(path: Path, prefix: str) -> tuple[dict[str, Any], list[di
         query = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?"
         row = conn.execute(query, (sid,)).fetchone()
         session = _session_dict(sid, dict(row) if row else {}, _sqlite_txns(conn, [sid])[sid])
-        lines = [
-            _line_dict(seq, _num(at), _str(direction), _str(text))
-            for seq, at, direction, text in conn.execute(
-                "SELECT seq, at, direction, text FROM transcript WHERE session_id = ? ORDER BY seq",
-                (sid,),
-            )
-        ]
+        by_seq: dict[int, dict[str, Any]] = {}  # a replayed record shows up once
+        for (chunk,) in conn.execute(
+            "SELECT lines FROM transcript WHERE session_id = ? ORDER BY first_seq", (sid,)
+        ):
+            for seq, at, direction, text in json.loads(chunk):
+                by_seq[seq] = _line_dict(seq, _num(at), _str(direction), _str(text))
+        lines = [by_seq[seq] for seq in sorted(by_seq)]
         return session, lines
 
     return _sqlite_run(path, work)

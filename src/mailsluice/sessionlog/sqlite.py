@@ -66,13 +66,14 @@ CREATE TABLE IF NOT EXISTS transactions (
     PRIMARY KEY (session_id, seq)
 );
 CREATE INDEX IF NOT EXISTS transactions_started_at ON transactions (started_at);
+-- Transcript lines come in chunks: one row per session per written batch, holding
+-- that session's lines as a JSON array of [seq, at, direction, text] (a session of
+-- fifteen lines is one row, not fifteen: the writer keeps up with the mail path).
 CREATE TABLE IF NOT EXISTS transcript (
     session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    at REAL,
-    direction TEXT,
-    text TEXT,
-    PRIMARY KEY (session_id, seq)  -- also the index for "the transcript of a session"
+    first_seq INTEGER NOT NULL,
+    lines TEXT NOT NULL,
+    PRIMARY KEY (session_id, first_seq)  -- also the index for "the transcript of a session"
 );
 """
 
@@ -95,7 +96,7 @@ ON CONFLICT (id) DO UPDATE SET helo = excluded.helo, tls_version = excluded.tls_
     reason = excluded.reason
 """
 _LINE_SQL = """
-INSERT OR REPLACE INTO transcript (session_id, seq, at, direction, text) VALUES (?, ?, ?, ?, ?)
+INSERT OR REPLACE INTO transcript (session_id, first_seq, lines) VALUES (?, ?, ?)
 """
 _TXN_SQL = """
 INSERT OR REPLACE INTO transactions (session_id, seq, started_at, ended_at, mail_from, rcpt_to,
@@ -179,14 +180,15 @@ class SqliteBackend:
 
     def write_batch(self, records: list[Record]) -> None:
         opened: list[tuple[object, ...]] = []
-        lines: list[tuple[object, ...]] = []
+        chunks: dict[str, list[tuple[int, float, str, str]]] = {}
         txns: list[tuple[object, ...]] = []
         closed: list[tuple[object, ...]] = []
         for r in records:
             if isinstance(r, TranscriptLine):
-                lines.append(
-                    (clean_text(r.session_id), r.seq, r.at, r.direction.value, clean_text(r.text))
-                )
+                chunk = chunks.get(r.session_id)
+                if chunk is None:
+                    chunk = chunks[r.session_id] = []
+                chunk.append((r.seq, r.at, r.direction.value, clean_text(r.text)))
             elif isinstance(r, SessionOpened):
                 opened.append(
                     (
@@ -229,6 +231,10 @@ class SqliteBackend:
                         clean_text(r.reason),
                     )
                 )
+        lines = [
+            (clean_text(sid), chunk[0][0], json.dumps(chunk, ensure_ascii=False))
+            for sid, chunk in chunks.items()
+        ]
         conn = self._conn
         conn.execute("BEGIN")
         try:
