@@ -18,7 +18,8 @@ from mailsluice.smtp.replies import Reply
 
 
 def _text(address: bytes) -> str:
-    return address.decode("utf-8", "surrogateescape").encode("utf-8", "backslashreplace").decode()
+    """Wire bytes as log text: UTF-8 where valid, other bytes as ``\\xNN``."""
+    return address.decode("utf-8", "backslashreplace")
 
 
 @dataclass(slots=True)

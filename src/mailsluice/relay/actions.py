@@ -39,9 +39,15 @@ class CloseClient:
 
 @dataclass(frozen=True, slots=True)
 class SetTimer:
-    """Deliver TimerExpired after ``seconds`` unless another SetTimer comes first."""
+    """Deliver TimerExpired once ``seconds`` pass with no data from the side waited on.
+
+    The shell restarts the timeout at every data event from that side (the MX when
+    ``on_server``, else the client); the relay sends SetTimer only when the timeout that
+    applies, or the side, changes.
+    """
 
     seconds: float
+    on_server: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ class RelayConfig:
     max_reply_line: int = 2048
     max_reply_lines: int = 100
     max_pending_input: int = 65536  # unparsed client bytes held before a command completes
+    max_in_flight: int = 100  # client commands awaiting a reply before we stop reading more
     max_errors: int = 100  # local error replies before "421 too many errors"
     bare_newline: BareNewlinePolicy = BareNewlinePolicy.REJECT
     tls: TlsMode = TlsMode.OPPORTUNISTIC

@@ -62,6 +62,13 @@ class ShutdownForced:
     """The grace period is over: end the session now, with a 4xx if anything is open."""
 
 
+@dataclass(frozen=True, slots=True)
+class InternalError:
+    """The shell hit a bug of ours: end the session with a 4xx so the client retries."""
+
+    detail: str
+
+
 Event = (
     ClientData
     | ClientClosed
@@ -74,4 +81,5 @@ Event = (
     | TimerExpired
     | ShutdownRequested
     | ShutdownForced
+    | InternalError
 )

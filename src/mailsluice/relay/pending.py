@@ -42,6 +42,7 @@ class Pending:
     from_server: bool = True  # the reply comes from the MX
     internal: bool = False  # the client is not owed this reply
     close_after: bool = False  # close the session once this reply is sent
+    close_reason: str = "closed-by-proxy"  # SessionClosed.reason when close_after
     barrier: bool = False  # no further client command is read until this is answered
     stage: int = 0  # EHLO only: 0 first EHLO, 1 STARTTLS under way, 2 after TLS or fallback
     fallback: Reply | None = None  # EHLO only: the plaintext reply, if STARTTLS is refused

@@ -82,6 +82,7 @@ class Relay:
         self._connected = False
         self._shutdown = False
         self._errors = 0
+        self._timer: tuple[float, bool] = (0.0, False)  # the last SetTimer: seconds, on_server
         self._now = now
         self._out: list[act.Action] = []
 
@@ -111,7 +112,8 @@ class Relay:
         self._pending.append(Pending(Purpose.GREETING))
         out.append(act.ConnectServer())
         t = self._cfg.timeouts
-        out.append(act.SetTimer(t.connect + t.greeting))
+        self._timer = (t.connect + t.greeting, True)
+        out.append(act.SetTimer(*self._timer))
         return out
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
@@ -148,6 +150,9 @@ class Relay:
                 self._maybe_goodbye()
             case ev.ShutdownForced():
                 self._fail(rp.shutting_down(self._host), "shutdown")
+            case ev.InternalError(detail):
+                self._note(f"internal error: {detail}")
+                self._fail(rp.internal_error(self._host), "internal-error")
         if self._in(Phase.COMMANDS):
             self._pump_client()
         if not self._in(Phase.CLOSED):
@@ -162,14 +167,16 @@ class Relay:
         if self._phase is Phase.BODY:
             self._body(data)
             return
-        if self._awaiting(Purpose.DATA):
-            self._sync_violation()
+        pending = self._pending
+        if pending and pending[-1].purpose is Purpose.DATA and pending[-1].reply is None:
+            self._sync_violation()  # DATA is a barrier: when waiting, it is the last entry
             return
         self._client_lines.feed(data)
 
     def _pump_client(self) -> None:
         lines = self._client_lines
-        while self._phase is Phase.COMMANDS and not self._barrier:
+        cap = self._cfg.max_in_flight  # bounds the FIFO; unread lines stay in the backlog
+        while self._phase is Phase.COMMANDS and not self._barrier and len(self._pending) < cap:
             if lines.discarded > self._cfg.max_pending_input:
                 self._fail(Reply.make(421, "4.7.0", f"{self._host} Error: line too long"), "flood")
                 return
@@ -182,13 +189,14 @@ class Relay:
             self._client_command(item)
 
     def _client_command(self, line: Line) -> None:
+        # HTTP lines usually parse as (unknown) commands: look for them first.
+        if looks_like_http(line.content):
+            self._log_client(line.content, Direction.CLIENT_TO_PROXY)
+            reply = Reply.make(221, "2.7.0", "Error: I can break rules, too. Goodbye.")
+            self._local(reply, close=True)
+            return
         parsed = parse_command(line.content)
         if isinstance(parsed, CommandError):
-            if looks_like_http(line.content):
-                self._log_client(line.content, Direction.CLIENT_TO_PROXY)
-                reply = Reply.make(221, "2.7.0", "Error: I can break rules, too. Goodbye.")
-                self._local(reply, close=True)
-                return
             self._log_client(line.content, Direction.CLIENT_TO_PROXY)
             self._local(parsed.reply, error=True)
             return
@@ -308,7 +316,7 @@ class Relay:
                     return
 
     def _server_reply(self, reply: Reply) -> None:
-        entry = next((p for p in self._pending if p.from_server and p.reply is None), None)
+        entry = self._first_awaiting_server()
         if entry is None:
             if reply.code == 421:
                 self._log_line(Direction.SERVER_TO_CLIENT, reply.transcript())
@@ -335,15 +343,19 @@ class Relay:
         if purpose is Purpose.LOCAL:
             self._send_client(reply, Direction.PROXY_TO_CLIENT)
             if entry.close_after:
-                self._close("closed-by-proxy")
+                self._close(entry.close_reason)
+            return
+        if reply.code == 421 and purpose is not Purpose.QUIT:
+            # The MX is closing the channel (RFC 5321 §3.8): pass it on, then end the session.
+            self._send_client(reply, Direction.SERVER_TO_CLIENT)
+            if purpose is Purpose.END_OF_DATA:
+                self._emit_txn(outcome_of(reply), reply)
+            self._close("upstream-421")
             return
         if purpose is Purpose.GREETING:
             self._phase = Phase.COMMANDS
             self._send_client(reply, Direction.SERVER_TO_CLIENT)
-            if reply.code == 421:
-                self._close("upstream-421")
-            else:
-                self._maybe_goodbye()
+            self._maybe_goodbye()
             return
         if purpose is Purpose.EHLO:
             self._ehlo_reply(entry, reply)
@@ -389,7 +401,11 @@ class Relay:
 
     def _ehlo_reply(self, entry: Pending, reply: Reply) -> None:
         offered = ehlo.keywords(reply) if reply.is_positive else {}
-        if entry.stage == 0 and "STARTTLS" in offered and self._tls_allowed:
+        first_tls = self._tls_allowed and self._account.tls is None  # never TLS inside TLS
+        if entry.stage == 0 and "STARTTLS" in offered and first_tls:
+            if self._server_lines.buffered:  # sent before our STARTTLS: it cannot answer it
+                self._protocol_error("reply before STARTTLS was sent")
+                return
             self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
             entry.stage, entry.fallback, entry.reply = 1, reply, None
             self._pending.appendleft(entry)
@@ -461,13 +477,22 @@ class Relay:
             self._note("client closed in the middle of the message; upstream transaction aborted")
         elif self._awaiting(Purpose.END_OF_DATA):
             self._note("client closed after end-of-data: the message may be delivered twice")
-        elif self._server_open and not self._pending and self._phase is Phase.COMMANDS:
-            self._log_line(Direction.PROXY_TO_SERVER, "QUIT")
-            self._out.append(act.SendToServer(b"QUIT\r\n"))
+        else:
+            self._quit_upstream()
         self._close("client-closed")
 
+    def _quit_upstream(self) -> None:
+        """Say QUIT to an idle MX before closing (RFC 5321 §4.1.1.10)."""
+        if self._server_open and not self._pending and self._phase is Phase.COMMANDS:
+            self._log_line(Direction.PROXY_TO_SERVER, "QUIT")
+            self._out.append(act.SendToServer(b"QUIT\r\n"))
+
     def _timer_expired(self) -> None:
-        if self._phase is Phase.BODY:
+        if self._phase is Phase.TLS_HANDSHAKE:
+            self._note("TLS handshake timed out")
+            self._out.append(act.TlsBroken())
+            self._fail(rp.tls_failed(self._host), "tls-failed")
+        elif self._phase is Phase.BODY:
             self._note("client timeout in the middle of the message")
             self._fail(rp.client_timeout(self._host), "client-timeout")
         elif self._awaiting_server():
@@ -484,6 +509,7 @@ class Relay:
             else:
                 self._fail(rp.upstream_timeout(self._host), "upstream-timeout")
         else:
+            self._quit_upstream()
             self._fail(rp.client_timeout(self._host), "client-timeout")
 
     def _maybe_goodbye(self) -> None:
@@ -500,6 +526,7 @@ class Relay:
         for entry in self._pending:
             if entry.reply is None:
                 entry.reply, entry.purpose, entry.close_after = reply, Purpose.LOCAL, True
+                entry.close_reason = reason
                 entry.internal = False
                 self._phase = Phase.COMMANDS
                 self._flush()
@@ -563,8 +590,11 @@ class Relay:
             self._out.append(act.Log(record))
 
     def _send_client(self, reply: Reply, direction: Direction) -> None:
-        self._log_line(direction, reply.transcript())
-        self._send_raw(reply)
+        wire = reply.to_bytes()
+        text = wire[:-2].decode("utf-8", "backslashreplace").replace("\r\n", "\n")
+        self._log_line(direction, text)
+        self._account.final_code = reply.code
+        self._out.append(act.SendToClient(wire))
 
     def _send_raw(self, reply: Reply) -> None:
         self._account.final_code = reply.code
@@ -582,18 +612,31 @@ class Relay:
     def _note(self, text: str) -> None:
         self._log_line(Direction.NOTE, text)
 
+    def _first_awaiting_server(self) -> Pending | None:
+        for entry in self._pending:
+            if entry.reply is None and entry.from_server:
+                return entry
+        return None
+
     def _arm_timer(self) -> None:
+        """Announce the timeout that applies now, and whose silence it measures.
+
+        The shell restarts it at every event from that side (``SetTimer.on_server``), so a
+        client trickling bytes cannot keep a silent MX's deadline from expiring.
+        """
         t = self._cfg.timeouts
-        head = next((p for p in self._pending if p.from_server and p.reply is None), None)
+        head = self._first_awaiting_server()
         if self._phase is Phase.TLS_HANDSHAKE:
-            seconds = t.helo
+            timer = (t.helo, True)
         elif head is not None:
-            seconds = _reply_timeout(head.purpose, t, self._connected)
+            timer = (_reply_timeout(head.purpose, t, self._connected), True)
         elif self._phase is Phase.BODY:
-            seconds = t.client_data
+            timer = (t.client_data, False)
         else:
-            seconds = t.client_idle
-        self._out.append(act.SetTimer(seconds))
+            timer = (t.client_idle, False)
+        if timer != self._timer:
+            self._timer = timer
+            self._out.append(act.SetTimer(*timer))
 
 
 def _reply_timeout(purpose: Purpose, t: Timeouts, connected: bool) -> float:

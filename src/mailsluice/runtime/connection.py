@@ -90,6 +90,11 @@ class Session:
         self._client_paused = False  # we stopped reading from the client
         self._server_blocked = False  # the MX is not reading what we write
         self._deadline = 0.0
+        self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
+        self._timer_on_server = True  # whose silence the timeout measures
+        self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
+        self._data_block = context.settings.relay.timeouts.data_block
+        self._max_backlog = context.settings.relay.max_pending_input
         self._timer: asyncio.TimerHandle | None = None
         self._work: asyncio.Future[None] = self._loop.create_future()
         self._want_connect = False
@@ -125,13 +130,17 @@ class Session:
             now=now,
         )
 
+    def begin(self) -> None:
+        """Start the relay (in ``connection_made``, before any data can arrive)."""
+        assert self.relay is not None
+        self._perform(self.relay.start())
+
     async def run(self) -> None:
-        """The session's lifetime: start the relay, then do its waiting work."""
+        """The session's lifetime: do the relay's waiting work until it closes."""
         relay = self.relay
         assert relay is not None
         try:
-            self._perform(relay.start())
-            while not relay.closed:
+            while self.relay is not None and not relay.closed:
                 if self._want_connect:
                     self._want_connect = False
                     await self._connect()
@@ -141,10 +150,10 @@ class Session:
                 else:
                     await self._work
                     self._work = self._loop.create_future()
-        except Exception:
+        except Exception as exc:
             log.exception("session %s: internal error", relay.session_id)
             if not relay.closed:
-                self._feed(ev.ShutdownForced())
+                self._feed(ev.InternalError(f"{type(exc).__name__}: {exc}"))
         finally:
             self._teardown()
 
@@ -153,10 +162,16 @@ class Session:
         relay = self.relay
         if relay is None or relay.closed:
             return
-        self._perform(relay.handle(event, time.time()))
+        try:
+            actions = relay.handle(event, time.time())
+        except Exception as exc:  # a bug of ours: never a crash of the server, never a 2xx
+            log.exception("session %s: internal error", relay.session_id)
+            self._internal_failure(relay, exc)
+            return
+        self._perform(actions)
         client = self._client
         if client is not None:
-            backlog = relay.client_backlog > self._ctx.settings.relay.max_pending_input
+            backlog = relay.client_backlog > self._max_backlog
             if backlog != self._client_paused and not client.is_closing():
                 self._client_paused = backlog
                 if backlog:
@@ -164,7 +179,22 @@ class Session:
                 elif not self._server_blocked:
                     client.resume_reading()
 
+    def _internal_failure(self, relay: Relay, exc: Exception) -> None:
+        """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
+        try:
+            self._perform(relay.handle(ev.InternalError(f"{type(exc).__name__}: {exc}"), 0.0))
+        except Exception:
+            log.exception("session %s: cannot even report the error; closing", relay.session_id)
+            for transport in (self._server, self._client):
+                if transport is not None:
+                    transport.abort()
+            self._server = self._client = None
+            self.relay = None
+        self._wake()
+
     def on_data(self, from_client: bool, data: bytes) -> None:
+        if from_client != self._timer_on_server:  # data from the side we wait on
+            self._deadline = self._loop.time() + self._timeout
         self._feed(ev.ClientData(data) if from_client else ev.ServerData(data))
 
     def on_closed(self, from_client: bool, reason: str) -> None:
@@ -182,7 +212,8 @@ class Session:
         if not to_client:
             self._server_blocked = paused
             if paused:
-                self._arm(self._ctx.settings.relay.timeouts.data_block)
+                self._write_deadline = self._loop.time() + self._data_block
+                self._schedule(self._write_deadline)
         if other is not None and not other.is_closing():
             if paused:
                 other.pause_reading()
@@ -206,7 +237,8 @@ class Session:
                 case act.SendToClient(data):
                     if self._client is not None:
                         self._client.write(data)
-                case act.SetTimer(seconds):
+                case act.SetTimer(seconds, on_server):
+                    self._timer_on_server = on_server
                     self._arm(seconds)
                 case act.ConnectServer():
                     self._want_connect = True
@@ -234,22 +266,30 @@ class Session:
 
     # ------------------------------------------------------------ timer
     def _arm(self, seconds: float) -> None:
-        deadline = self._loop.time() + seconds
-        if self._timer is None or deadline < self._deadline:
+        self._timeout = seconds
+        self._deadline = self._loop.time() + seconds
+        self._schedule(self._deadline)
+
+    def _schedule(self, deadline: float) -> None:
+        """Make the timer fire no later than ``deadline`` (when early, it re-arms itself)."""
+        if self._timer is None or deadline < self._timer.when():
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self._loop.call_at(deadline, self._timer_fired)
-        self._deadline = deadline
 
     def _timer_fired(self) -> None:
         self._timer = None
-        if self._loop.time() < self._deadline:
-            self._timer = self._loop.call_at(self._deadline, self._timer_fired)
-            return
-        if self._server_blocked and self._server is not None:
+        now = self._loop.time()
+        if self._server_blocked and self._server is not None and now >= self._write_deadline:
             self._feed(ev.ServerClosed("write timeout: the MX stopped reading"))
-        else:
+        elif now >= self._deadline:
             self._feed(ev.TimerExpired())
+        else:
+            next_at = self._deadline
+            if self._server_blocked:
+                next_at = min(next_at, self._write_deadline)
+            self._timer = self._loop.call_at(next_at, self._timer_fired)
+            return
         self._wake()
 
     # ------------------------------------------------------------ waiting work

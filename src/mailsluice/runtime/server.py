@@ -83,7 +83,7 @@ class ProxyContext:
         if not self.accepting:
             host = self.settings.relay.hostname
             return Reply.make(421, "4.3.2", f"{host} Service shutting down, try again later")
-        if len(self.sessions) > self.settings.max_connections:
+        if len(self.sessions) >= self.settings.max_connections:
             host = self.settings.relay.hostname
             return Reply.make(421, "4.3.2", f"{host} Error: too many connections, try later")
         allowed = self._allowed_clients.get(client_ip)
@@ -113,6 +113,7 @@ class ProxyContext:
     def start_session(self, session: Session) -> None:
         self.sessions.add(session)
         self.sessions_total += 1
+        session.begin()
         assert self._spawn is not None
         self._spawn(session.run())
 

@@ -18,6 +18,7 @@ from cryptography import x509
 from cryptography.x509 import verification as xv
 
 SYSTEM_CA_FILE = "/etc/ssl/certs/ca-certificates.crt"
+_ENCODING_DER = 2  # _ssl.ENCODING_DER: the Certificate.public_bytes() format (1 is PEM)
 
 
 def client_context(ca_file: str | None = None) -> ssl.SSLContext:
@@ -50,7 +51,7 @@ class ChainVerifier:
             return False
         try:
             chain = [x509.load_der_x509_certificate(der) for der in _unverified_chain(ssl_object)]
-        except ValueError:
+        except Exception:  # a chain we cannot read is simply not verified
             return False
         if not chain:
             return False
@@ -74,10 +75,7 @@ def _unverified_chain(ssl_object: Any) -> list[bytes]:
         der = ssl_object.getpeercert(binary_form=True)
         return [der] if der else []
     items = getter() or []
-    return [
-        item if isinstance(item, bytes) else item.public_bytes(1)
-        for item in items  # 1 = DER
-    ]
+    return [item if isinstance(item, bytes) else item.public_bytes(_ENCODING_DER) for item in items]
 
 
 def _subject_of(leaf: x509.Certificate) -> x509.DNSName | None:

@@ -13,7 +13,8 @@ canonical: CRLF line ends only, no NUL. Canonical input passes through byte for 
 * ``NUL`` anywhere: the message is refused (``550 5.6.0``), nothing more is forwarded.
 * bare CR or LF, ``reject`` policy: refused (``550 5.5.2``), nothing more forwarded.
 * bare CR or LF, ``normalize`` policy: bare LF becomes CRLF, a stray CR a space, and a
-  line that starts after a bare line end is dot-stuffed, so it can never read as ``.``.
+  line that starts after a bare line end, or a ``.`` line ended by a bare LF, is
+  dot-stuffed, so it can never read as ``.``.
 * more than ``size_limit`` bytes: refused (``552 5.3.4``), nothing more forwarded.
 
 A refused message must not be completed upstream: the relay aborts the upstream
@@ -104,21 +105,19 @@ class BodyScanner:
         return BodyChunk(forward, False, b"")
 
     def _check(self, real: bytes) -> bytes:
+        # Every fault is recorded, even after the first, so that ``fault`` (the reply) does
+        # not depend on how the message was segmented.
         if self._size_limit and self._size > self._size_limit:
             self._faults.add(BodyFault.TOO_BIG)
-        if self._faults:
-            return b""
         if b"\x00" in real:
             self._faults.add(BodyFault.NUL)
-            return b""
-        lf = real.count(b"\n")
-        if lf == real.count(b"\r") == real.count(b"\r\n"):
-            if self._after_bare and real:
-                return self._normalized(real)
-            return real
-        if not self._normalize:
+        canonical = real.count(b"\n") == real.count(b"\r") == real.count(b"\r\n")
+        if not canonical and not self._normalize:
             self._faults.add(BodyFault.BARE_NEWLINE)
+        if self._faults:
             return b""
+        if canonical and not (self._after_bare and real):
+            return real
         return self._normalized(real)
 
     def _normalized(self, real: bytes) -> bytes:
@@ -132,7 +131,9 @@ class BodyScanner:
             if ended and not bare:
                 piece = piece[:-1]
             piece = piece.replace(b"\r", b" ")
-            if self._after_bare and piece.startswith(b"."):
+            # A line after a bare line end is stuffed; so is a "." line ended by a bare LF
+            # (after CRLF or at the start), which would otherwise leave as CRLF.CRLF.
+            if piece.startswith(b".") and (self._after_bare or (bare and piece == b".")):
                 piece = b"." + piece
             out.append(piece + b"\r\n" if ended else piece)
             if ended:

@@ -35,9 +35,10 @@ def keywords(reply: Reply) -> dict[str, bytes]:
 def _extension_lines(reply: Reply) -> tuple[bytes, ...]:
     lines = reply.lines
     # Some MXes put a keyword line before the greeting line; never take it as the greeting.
-    while len(lines) > 1 and lines[0].split(b" ", 1)[0].decode("ascii", "replace").upper() in (
-        _MISPLACED
-    ):
+    # Bounded: if every line is a keyword, a full turn restores the order (first = greeting).
+    for _ in range(len(lines)):
+        if lines[0].split(b" ", 1)[0].decode("ascii", "replace").upper() not in _MISPLACED:
+            break
         lines = (*lines[1:], lines[0])
     return lines[1:]
 
