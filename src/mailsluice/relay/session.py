@@ -22,20 +22,19 @@ The rules that never bend, and where they are enforced:
 
 from __future__ import annotations
 
-from collections import deque
-
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.relay.accounting import Account, address_text, outcome_of
-from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts
+from mailsluice.relay.accounting import address_text, outcome_of
+from mailsluice.relay.base import RelayBase
+from mailsluice.relay.config import BareNewlinePolicy
 from mailsluice.relay.pending import Pending, Phase, Purpose
 from mailsluice.relay.records import Direction
 from mailsluice.smtp import ehlo
 from mailsluice.smtp import replies as rp
 from mailsluice.smtp.commands import Command, CommandError, looks_like_http, parse_command
 from mailsluice.smtp.data import BodyFault, BodyScanner
-from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
-from mailsluice.smtp.replies import Reply, ReplyAssembler, ReplySyntaxError
+from mailsluice.smtp.lines import Line, LineTooLong
+from mailsluice.smtp.replies import Reply, ReplySyntaxError
 
 _FORWARDED = {
     "MAIL": Purpose.MAIL, "RCPT": Purpose.RCPT, "RSET": Purpose.RSET, "NOOP": Purpose.OTHER,
@@ -50,55 +49,8 @@ _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NO
                              "EXPN", "HELP"})  # fmt: skip
 
 
-class Relay:
+class Relay(RelayBase):
     """State machine for one relayed session; see the module docstring."""
-
-    def __init__(
-        self,
-        *,
-        config: RelayConfig,
-        session_id: str,
-        client: str,
-        destination: str,
-        source_ip: str | None = None,
-        tls_allowed: bool = True,
-        refusal: Reply | None = None,
-        now: float,
-    ) -> None:
-        self._cfg = config
-        self._host = config.hostname
-        self._client_lines = LineFramer(config.max_command_line)
-        self._server_lines = LineFramer(config.max_reply_line)
-        self._replies = ReplyAssembler(config.max_reply_lines)
-        self._pending: deque[Pending] = deque()
-        self._phase = Phase.CONNECTING
-        self._barrier = False  # a command is out whose reply must come before the next
-        self._scanner: BodyScanner | None = None
-        self._account = Account(session_id, now)
-        self._tls_allowed = tls_allowed
-        self._refusal = refusal
-        self._client_desc = (client, destination, source_ip)
-        self._server_open = False
-        self._connected = False
-        self._shutdown = False
-        self._errors = 0
-        self._timer: tuple[float, bool] = (0.0, False)  # the last SetTimer: seconds, on_server
-        self._now = now
-        self._out: list[act.Action] = []
-
-    # ----------------------------------------------------------------- public API
-    @property
-    def session_id(self) -> str:
-        return self._account.session_id
-
-    @property
-    def closed(self) -> bool:
-        return self._phase is Phase.CLOSED
-
-    @property
-    def client_backlog(self) -> int:
-        """Unprocessed client bytes; the shell stops reading above ``max_pending_input``."""
-        return self._client_lines.buffered
 
     def start(self) -> list[act.Action]:
         out = self._out = []
@@ -158,9 +110,6 @@ class Relay:
         if not self._in(Phase.CLOSED):
             self._arm_timer()
         return out
-
-    def _in(self, phase: Phase) -> bool:
-        return self._phase is phase
 
     # ----------------------------------------------------------------- client side
     def _client_data(self, data: bytes) -> None:
@@ -328,13 +277,6 @@ class Relay:
         entry.reply = reply
         self._flush()
 
-    def _flush(self) -> None:
-        pending = self._pending
-        while pending and pending[0].reply is not None and self._phase is not Phase.CLOSED:
-            self._complete(pending.popleft())
-            if self._in(Phase.TLS_HANDSHAKE):
-                return
-
     def _complete(self, entry: Pending) -> None:
         """A reply for the FIFO head is known: act on it (see ``pending.Purpose``)."""
         reply = entry.reply
@@ -481,12 +423,6 @@ class Relay:
             self._quit_upstream()
         self._close("client-closed")
 
-    def _quit_upstream(self) -> None:
-        """Say QUIT to an idle MX before closing (RFC 5321 §4.1.1.10)."""
-        if self._server_open and not self._pending and self._phase is Phase.COMMANDS:
-            self._log_line(Direction.PROXY_TO_SERVER, "QUIT")
-            self._out.append(act.SendToServer(b"QUIT\r\n"))
-
     def _timer_expired(self) -> None:
         if self._phase is Phase.TLS_HANDSHAKE:
             self._note("TLS handshake timed out")
@@ -511,143 +447,3 @@ class Relay:
         else:
             self._quit_upstream()
             self._fail(rp.client_timeout(self._host), "client-timeout")
-
-    def _maybe_goodbye(self) -> None:
-        if (
-            self._shutdown
-            and self._phase is Phase.COMMANDS
-            and not self._pending
-            and self._account.transaction is None
-        ):
-            self._fail(rp.shutting_down(self._host), "shutdown")
-
-    def _fail(self, reply: Reply, reason: str) -> None:
-        """End the session: the first reply the client is owed becomes ``reply``."""
-        for entry in self._pending:
-            if entry.reply is None:
-                entry.reply, entry.purpose, entry.close_after = reply, Purpose.LOCAL, True
-                entry.close_reason = reason
-                entry.internal = False
-                self._phase = Phase.COMMANDS
-                self._flush()
-                break
-        if self._phase is not Phase.CLOSED:
-            self._log_line(Direction.PROXY_TO_CLIENT, reply.transcript())
-            self._send_raw(reply)
-            self._close(reason)
-
-    def _close(self, reason: str) -> None:
-        if self._phase is Phase.CLOSED:
-            return
-        if self._server_open:
-            self._close_server()
-        self._abort_transaction()
-        self._phase = Phase.CLOSED
-        self._out.append(act.CloseClient())
-        self._out.append(act.Log(self._account.closed(reason, self._now)))
-
-    def _close_server(self) -> None:
-        self._server_open = False
-        self._out.append(act.CloseServer())
-
-    # ----------------------------------------------------------------- helpers
-    def _forward(self, command: Command, purpose: Purpose, *, barrier: bool = False) -> None:
-        self._log_client(command.line, Direction.CLIENT_TO_SERVER)
-        self._pending.append(Pending(purpose, command, barrier=barrier))
-        self._out.append(act.SendToServer(command.wire))
-        if barrier:
-            self._barrier = True
-
-    def _local(self, reply: Reply, *, close: bool = False, error: bool = False) -> None:
-        if error:
-            self._errors += 1
-            if self._errors > self._cfg.max_errors:
-                self._fail(
-                    Reply.make(421, "4.7.0", f"{self._host} Error: too many errors"),
-                    "too-many-errors",
-                )
-                return
-        self._pending.append(
-            Pending(Purpose.LOCAL, reply=reply, from_server=False, close_after=close)
-        )
-        self._flush()
-
-    def _awaiting(self, purpose: Purpose) -> bool:
-        return any(p.purpose is purpose and p.reply is None for p in self._pending)
-
-    def _awaiting_server(self) -> bool:
-        return self._phase is Phase.TLS_HANDSHAKE or any(
-            p.from_server and p.reply is None for p in self._pending
-        )
-
-    def _abort_transaction(self) -> None:
-        if self._account.transaction is not None:
-            self._emit_txn("aborted", None)
-
-    def _emit_txn(self, outcome: str, reply: Reply | None) -> None:
-        record = self._account.end_transaction(outcome, reply, self._now)
-        if record is not None:
-            self._out.append(act.Log(record))
-
-    def _send_client(self, reply: Reply, direction: Direction) -> None:
-        wire = reply.to_bytes()
-        text = wire[:-2].decode("utf-8", "backslashreplace").replace("\r\n", "\n")
-        self._log_line(direction, text)
-        self._account.final_code = reply.code
-        self._out.append(act.SendToClient(wire))
-
-    def _send_raw(self, reply: Reply) -> None:
-        self._account.final_code = reply.code
-        self._out.append(act.SendToClient(reply.to_bytes()))
-
-    def _log_client(self, line: bytes, direction: Direction) -> None:
-        self._log_line(direction, address_text(line))
-
-    def _log_line(self, direction: Direction, text: str) -> None:
-        self._out.append(act.Log(self._account.line(direction, text, self._now)))
-
-    def _emit_log(self, action: act.Log) -> None:
-        self._out.append(action)
-
-    def _note(self, text: str) -> None:
-        self._log_line(Direction.NOTE, text)
-
-    def _first_awaiting_server(self) -> Pending | None:
-        for entry in self._pending:
-            if entry.reply is None and entry.from_server:
-                return entry
-        return None
-
-    def _arm_timer(self) -> None:
-        """Announce the timeout that applies now, and whose silence it measures.
-
-        The shell restarts it at every event from that side (``SetTimer.on_server``), so a
-        client trickling bytes cannot keep a silent MX's deadline from expiring.
-        """
-        t = self._cfg.timeouts
-        head = self._first_awaiting_server()
-        if self._phase is Phase.TLS_HANDSHAKE:
-            timer = (t.helo, True)
-        elif head is not None:
-            timer = (_reply_timeout(head.purpose, t, self._connected), True)
-        elif self._phase is Phase.BODY:
-            timer = (t.client_data, False)
-        else:
-            timer = (t.client_idle, False)
-        if timer != self._timer:
-            self._timer = timer
-            self._out.append(act.SetTimer(*timer))
-
-
-def _reply_timeout(purpose: Purpose, t: Timeouts, connected: bool) -> float:
-    if purpose is Purpose.GREETING:
-        return t.greeting if connected else t.connect + t.greeting
-    if purpose in (Purpose.EHLO, Purpose.HELO, Purpose.STARTTLS):
-        return t.helo
-    if purpose is Purpose.DATA:
-        return t.data_init
-    if purpose is Purpose.END_OF_DATA:
-        return t.data_done
-    if purpose is Purpose.QUIT:
-        return t.quit
-    return t.mail
