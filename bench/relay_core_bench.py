@@ -28,7 +28,9 @@ CLIENT = [b"EHLO client.example\r\n", b"MAIL FROM:<a@b.example>\r\n", b"RCPT TO:
 
 
 def one_session(config: RelayConfig, n: int) -> int:
-    relay = Relay(config=config, session_id=f"s{n}", client="127.0.0.1:1", destination="127.0.0.1:25", now=0.0)
+    relay = Relay(
+        config=config, session_id=f"s{n}", client="127.0.0.1:1", destination="127.0.0.1:25", now=0.0
+    )
     count = len(relay.start())
     handle = relay.handle
     count += len(handle(ev.ServerConnected("127.0.0.1:2"), 0.0))
@@ -51,8 +53,10 @@ def main() -> None:
     for n in range(args.sessions):
         actions += one_session(config, n)
     elapsed = time.perf_counter() - start
-    print(f"{args.sessions} sessions, {elapsed * 1e6 / args.sessions:.1f} us/session, "
-          f"{actions / args.sessions:.1f} actions/session")
+    print(
+        f"{args.sessions} sessions, {elapsed * 1e6 / args.sessions:.1f} us/session, "
+        f"{actions / args.sessions:.1f} actions/session"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ def test_start_dials_and_arms_the_connect_plus_greeting_timer() -> None:
     h = Harness()
     assert of_type(h.started, act.ConnectServer) == [act.ConnectServer()]
     t = h.config.timeouts
-    assert of_type(h.started, act.SetTimer) == [act.SetTimer(t.connect + t.greeting, on_server=True)]
+    assert of_type(h.started, act.SetTimer) == [
+        act.SetTimer(t.connect + t.greeting, on_server=True)
+    ]
     assert to_client(h.started) == b""
 
 
@@ -35,7 +37,9 @@ def test_greeting_is_relayed_verbatim() -> None:
     h = Harness()
     out = h.connect(b"220-mx.example ESMTP\r\n220 welcome\r\n")
     assert to_client(out) == b"220-mx.example ESMTP\r\n220 welcome\r\n"
-    assert of_type(out, act.SetTimer)[-1] == act.SetTimer(h.config.timeouts.client_idle, on_server=False)
+    assert of_type(out, act.SetTimer)[-1] == act.SetTimer(
+        h.config.timeouts.client_idle, on_server=False
+    )
 
 
 def test_client_talking_before_the_greeting_is_held() -> None:

@@ -191,7 +191,9 @@ def test_client_closing_mid_body_never_completes_the_message() -> None:
 def test_client_silent_mid_body() -> None:
     h = at_354()
     h.client(b"partial")
-    assert of_type(h.log, act.SetTimer)[-1] == act.SetTimer(h.config.timeouts.client_data, on_server=False)
+    assert of_type(h.log, act.SetTimer)[-1] == act.SetTimer(
+        h.config.timeouts.client_data, on_server=False
+    )
     out = h.step(ev.TimerExpired(), advance=180)
     assert statuses(out) == [(421, "4.4.2")]
     assert to_server(out) == b""
