@@ -50,6 +50,7 @@ class Settings:
     )
     log: str = DEFAULT_LOG
     log_queue_limit: int = 100_000  # records held for the log writer before dropping
+    log_process: bool = True  # write the log from a child process (off: a thread)
     max_connections: int = 1000  # per worker
     workers: int = 1  # processes sharing the listening port (SO_REUSEPORT)
     shutdown_grace: float = 60.0  # seconds in-flight transactions get on SIGTERM
@@ -156,6 +157,10 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
                 top["max_connections"] = int(_number(raw, key, minimum=1, integer=True))
             case "shutdown_grace":
                 top["shutdown_grace"] = _number(raw, key, minimum=0)
+            case "log_process":
+                if not isinstance(raw, bool):
+                    raise ConfigError("log_process: expected true or false")
+                top["log_process"] = raw
             case "verbose":
                 if not isinstance(raw, bool):
                     raise ConfigError("verbose: expected true or false")

@@ -116,8 +116,10 @@ def parse_options(argv: list[str]) -> Options:
         "--nginx-workers", type=_workers, default="1", help="nginx worker_processes (N or auto)"
     )
     parser.add_argument(
-        "--workers", type=_positive, default=(os.cpu_count() or 1) + 1,
-        help="mailsluice worker processes (serve --workers); default: cores + 1"
+        "--workers",
+        type=_positive,
+        default=(os.cpu_count() or 1) + 1,
+        help="mailsluice worker processes (serve --workers); default: cores + 1",
     )
     parser.add_argument("--log-kind", choices=("sqlite", "jsonl", "none"), default="sqlite",
                         help="mailsluice session log (none: logging off)")  # fmt: skip

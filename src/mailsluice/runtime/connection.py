@@ -36,6 +36,13 @@ def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+_IP_BIND_ADDRESS_NO_PORT = 24  # <linux/in.h>: let connect() pick the port, not bind()
+
+
+def _plain_host(host: str) -> str:
+    return host.removeprefix("::ffff:")
+
+
 def _set_done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -99,7 +106,7 @@ class Session:
         self._work: asyncio.Future[None] = self._loop.create_future()
         self._want_connect = False
         self._want_tls = False
-        self._source: tuple[str, int] | None = None
+        self._outbound: tuple[str, int, str, int] | None = None  # our (src, dst) toward the MX
         self.destination: tuple[str, int] = ("", 0)
         self.relay: Relay | None = None
         self._prepare(client)
@@ -294,8 +301,13 @@ class Session:
 
     # ------------------------------------------------------------ waiting work
     async def _connect(self) -> None:
-        """Dial the MX. The source address is bound and registered *before* connecting, so a
-        redirect of our own connection back to us is recognised as a loop when it arrives."""
+        """Dial the MX (bound to the outbound address, within the connect timeout).
+
+        The connection is registered (source and destination) the moment ``connect()``
+        has chosen the source port, before this loop can accept anything: a redirect of
+        our own connection back to us is then refused as a loop, deterministically
+        (``ProxyContext.admit``).
+        """
         ctx = self._ctx
         host, port = ctx.upstream_for(self.destination)
         sock: socket.socket | None = None
@@ -304,21 +316,10 @@ class Session:
                 family, proto, address = await self._resolve(host, port)
                 sock = socket.socket(family, socket.SOCK_STREAM, proto)
                 sock.setblocking(False)
-                sock.bind(
-                    (
-                        ctx.settings.outbound_ip
-                        or ("::" if family == socket.AF_INET6 else "0.0.0.0"),
-                        0,
-                    )
-                )
-                # Until connected, the source IP is not chosen yet: register the port alone.
-                self._source = ("", sock.getsockname()[1])
-                ctx.outbound_sources.add(self._source)
+                if ctx.settings.outbound_ip:
+                    sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
+                    sock.bind((ctx.settings.outbound_ip, 0))
                 await self._tcp_connect(sock, address)
-                source = sock.getsockname()
-                ctx.outbound_sources.discard(self._source)
-                self._source = (source[0].removeprefix("::ffff:"), source[1])
-                ctx.outbound_sources.add(self._source)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 transport, _ = await self._loop.create_connection(
                     lambda: _Side(self, client=False), sock=sock
@@ -333,12 +334,18 @@ class Session:
             transport.close()
             return
         self._server = transport
+        source = self._outbound[:2] if self._outbound else ("?", 0)
         self._feed(ev.ServerConnected(format_address(source)))
 
     async def _tcp_connect(self, sock: socket.socket, address: tuple[str, int]) -> None:
         """Non-blocking connect without ``loop.sock_connect``, which resolves the address in
         libuv's thread pool even for IP literals (a thread round trip per connection)."""
         err = sock.connect_ex(address)
+        if err in (0, errno.EINPROGRESS):  # the source port is chosen now: register it
+            source = sock.getsockname()
+            pair = (_plain_host(source[0]), source[1], _plain_host(address[0]), address[1])
+            self._outbound = pair
+            self._ctx.outbound.add(pair)
         if err == errno.EINPROGRESS:
             ready: asyncio.Future[None] = self._loop.create_future()
             fd = sock.fileno()
@@ -395,6 +402,6 @@ class Session:
             if transport is not None:
                 transport.close()
         self._server = self._client = None
-        if self._source is not None:
-            self._ctx.outbound_sources.discard(self._source)
+        if self._outbound is not None:
+            self._ctx.outbound.discard(self._outbound)
         self._ctx.end_session(self)

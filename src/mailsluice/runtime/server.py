@@ -44,9 +44,10 @@ class ProxyContext:
         self._tls_memory = TlsFailureMemory()
         self.sessions: set[Session] = set()
         self.own_addresses: list[tuple[str, int]] = []
-        # Source addresses of our live connections to MXes: a client connecting from one
-        # of them is our own traffic redirected back to us (no owner exclusion): a loop.
-        self.outbound_sources: set[tuple[str, int]] = set()
+        # Our live connections to MXes as (src ip, src port, dst ip, dst port): a client
+        # arriving with exactly that address pair is our own connection redirected back to
+        # us (the REDIRECT rule lacks the owner exclusion): a loop.
+        self.outbound: set[tuple[str, int, str, int]] = set()
         self._allowed_clients: dict[str, bool] = {}  # client IP -> in an allowed network
         self._spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None
         self._ids = itertools.count(1)
@@ -78,8 +79,10 @@ class ProxyContext:
         own = list(self.own_addresses)
         if sock is not None and self.settings.upstream is None:
             own.append(sock.getsockname()[:2])
-        if sock is not None and self._is_own_traffic(_plain(sock.getpeername())):
-            return access.loop_refusal(self.settings.relay.hostname)
+        if sock is not None:
+            peer = _plain(sock.getpeername())
+            if (*peer, *_plain(destination)) in self.outbound:
+                return access.loop_refusal(self.settings.relay.hostname)
         if not self.accepting:
             host = self.settings.relay.hostname
             return Reply.make(421, "4.3.2", f"{host} Service shutting down, try again later")
@@ -97,10 +100,6 @@ class ProxyContext:
         if access.is_loop(destination, own):
             return access.loop_refusal(self.settings.relay.hostname)
         return None
-
-    def _is_own_traffic(self, peer: tuple[str, int]) -> bool:
-        sources = self.outbound_sources
-        return peer in sources or ("", peer[1]) in sources
 
     def tls_allowed(self, destination: str, now: float) -> bool:
         if self.settings.relay.tls.value == "off":
@@ -132,7 +131,9 @@ class Proxy:
     def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
         self.settings = settings
         self._own_writer = log_writer is None
-        self.log_writer = log_writer or open_log(settings.log, settings.log_queue_limit)
+        self.log_writer = log_writer or open_log(
+            settings.log, settings.log_queue_limit, process=settings.log_process
+        )
         self.context = ProxyContext(settings, self.log_writer)
         self._servers: list[asyncio.Server] = []
         self._group: asyncio.TaskGroup | None = None

@@ -286,11 +286,13 @@ class NullWriter(LogWriter):
         return True
 
 
-def open_log(url: str, queue_limit: int) -> LogWriter:
+def open_log(url: str, queue_limit: int, *, process: bool = False) -> LogWriter:
     """Open the log a URL names and return its (not yet started) writer.
 
     ``sqlite:PATH`` and ``jsonl:PATH`` open (and create) the file now, so that a
-    wrong path is reported at startup; ``none:`` gives a :class:`NullWriter`.
+    wrong path is reported at startup; ``none:`` gives a :class:`NullWriter`. With
+    ``process``, the writing itself happens in a child process (``sessionlog.child``),
+    away from the mail process's GIL.
     Raises :class:`SessionLogError` (a ``ValueError``) naming the problem and the fix.
     Call ``start()`` before use and ``close()`` at shutdown (or use ``with``).
     """
@@ -302,4 +304,9 @@ def open_log(url: str, queue_limit: int) -> LogWriter:
     backend: Backend = (
         SqliteBackend(parsed.path) if parsed.scheme == "sqlite" else JsonlBackend(parsed.path)
     )
+    if process:  # checked and created here (errors at startup); written by a child process
+        backend.close()
+        from mailsluice.sessionlog.child import PipeBackend
+
+        backend = PipeBackend(url)
     return LogWriter(backend, queue_limit=queue_limit, name=parsed.text)
