@@ -79,7 +79,9 @@ class ProxyContext:
         own = list(self.own_addresses)
         if sock is not None and self.settings.upstream is None:
             own.append(sock.getsockname()[:2])
-        if sock is not None:
+        if sock is not None and self.settings.upstream is None:
+            # transparent mode: ``destination`` is what this client really dialled, so an
+            # exact match with one of our own live connections is that connection, looped
             peer = _plain(sock.getpeername())
             if (*peer, *_plain(destination)) in self.outbound:
                 return access.loop_refusal(self.settings.relay.hostname)
