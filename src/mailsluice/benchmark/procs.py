@@ -248,8 +248,16 @@ def machine_cpu_share(before: tuple[int, ...], after: tuple[int, ...]) -> dict[s
 
 
 def maps_mention(pid: int, needle: str) -> bool | None:
-    """Whether a file mapped into `pid` has `needle` in its path (None: unreadable)."""
-    try:
-        return needle in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return None
+    """Whether a file mapped into `pid` or a descendant (workers) has `needle` in its path.
+
+    None: nothing readable.
+    """
+    seen = None
+    for member in process_tree(pid):
+        try:
+            if needle in Path(f"/proc/{member}/maps").read_text():
+                return True
+            seen = False
+        except OSError:
+            continue
+    return seen
