@@ -12,7 +12,7 @@ from typing import TypeVar
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
-from mailsluice.relay.records import Direction, Record, TranscriptLine
+from mailsluice.relay.records import Direction, Record, TranscriptChunk, TranscriptLine
 from mailsluice.relay.session import Relay
 from mailsluice.smtp.lines import Line, LineFramer
 from mailsluice.smtp.replies import Reply, ReplyAssembler
@@ -44,7 +44,12 @@ def to_server(actions: Sequence[act.Action]) -> bytes:
 
 
 def records(actions: Sequence[act.Action]) -> list[Record]:
-    return [a.record for a in of_type(actions, act.Log)]
+    """The log records, transcript chunks expanded into their lines."""
+    out: list[Record] = []
+    for action in of_type(actions, act.Log):
+        record = action.record
+        out.extend(record.expand() if isinstance(record, TranscriptChunk) else (record,))
+    return out
 
 
 def parse_replies(data: bytes) -> list[Reply]:
@@ -128,7 +133,13 @@ class Harness:
         return out
 
     def transcript(self) -> list[TranscriptLine]:
-        return [r for r in records(self.log) if isinstance(r, TranscriptLine)]
+        """Lines handed over so far, and those the relay still holds (not yet emitted)."""
+        lines = [r for r in records(self.log) if isinstance(r, TranscriptLine)]
+        held = self.relay._account.take_lines()
+        if held is not None:
+            self.log.append(act.Log(held))  # keep them: later calls see them again
+            lines.extend(held.expand())
+        return lines
 
     def directions(self) -> list[tuple[Direction, str]]:
         return [(r.direction, r.text) for r in self.transcript()]

@@ -39,7 +39,7 @@ from tests.unit.smuggling import is_canonical
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig
-from mailsluice.relay.records import SessionClosed, TranscriptLine
+from mailsluice.relay.records import SessionClosed, TranscriptChunk
 from mailsluice.relay.session import Relay
 from mailsluice.smtp.data import END_MARKER
 from mailsluice.smtp.lines import Line, LineFramer
@@ -142,9 +142,10 @@ class RelayMachine(RuleBasedStateMachine):
                 case act.SetTimer(seconds):
                     assert seconds > 0
                 case act.Log(record):
-                    if isinstance(record, TranscriptLine):
-                        assert record.seq == self.seq + 1
-                        self.seq = record.seq
+                    if isinstance(record, TranscriptChunk):
+                        for line in record.expand():
+                            assert line.seq == self.seq + 1
+                            self.seq = line.seq
                     elif isinstance(record, SessionClosed):
                         self.session_closed += 1
                 case act.TlsBroken():

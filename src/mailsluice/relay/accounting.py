@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mailsluice.relay.records import (
+    CHUNK_LINES,
     Direction,
     SessionClosed,
     SessionOpened,
     TransactionEnded,
-    TranscriptLine,
+    TranscriptChunk,
 )
 from mailsluice.smtp.replies import Reply
 
@@ -36,6 +37,7 @@ class Account:
     """Everything the session log needs to know about one session."""
 
     __slots__ = (
+        "_lines",
         "_seq",
         "_txn_seq",
         "connect_to_354_ms",
@@ -61,6 +63,7 @@ class Account:
         self.transaction: Transaction | None = None
         self._seq = 0
         self._txn_seq = 0
+        self._lines: list[tuple[int, float, str, str]] = []
 
     def opened(self, client: str, destination: str, source_ip: str | None) -> SessionOpened:
         return SessionOpened(
@@ -71,11 +74,19 @@ class Account:
             source_ip=source_ip,
         )
 
-    def line(self, direction: Direction, text: str, now: float) -> TranscriptLine:
+    def line(self, direction: Direction, text: str, now: float) -> bool:
+        """Record one transcript line; True when enough are held to hand them over."""
         self._seq += 1
-        return TranscriptLine(
-            session_id=self.session_id, seq=self._seq, at=now, direction=direction, text=text
-        )
+        self._lines.append((self._seq, now, direction.value, text))
+        return len(self._lines) >= CHUNK_LINES
+
+    def take_lines(self) -> TranscriptChunk | None:
+        """The lines held since the last call, as one record (None if there are none)."""
+        if not self._lines:
+            return None
+        chunk = TranscriptChunk(session_id=self.session_id, lines=tuple(self._lines))
+        self._lines.clear()
+        return chunk
 
     def first_354(self, now: float) -> None:
         if self.connect_to_354_ms is None:

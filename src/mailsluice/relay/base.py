@@ -124,6 +124,7 @@ class RelayBase:
         self._abort_transaction()
         self._phase = Phase.CLOSED
         self._out.append(act.CloseClient())
+        self._flush_lines()
         self._out.append(act.Log(self._account.closed(reason, self._now)))
 
     def _close_server(self) -> None:
@@ -167,6 +168,7 @@ class RelayBase:
     def _emit_txn(self, outcome: str, reply: Reply | None) -> None:
         record = self._account.end_transaction(outcome, reply, self._now)
         if record is not None:
+            self._flush_lines()
             self._out.append(act.Log(record))
 
     def _send_client(self, reply: Reply, direction: Direction) -> None:
@@ -184,7 +186,13 @@ class RelayBase:
         self._log_line(direction, address_text(line))
 
     def _log_line(self, direction: Direction, text: str) -> None:
-        self._out.append(act.Log(self._account.line(direction, text, self._now)))
+        if self._account.line(direction, text, self._now) or self._phase is Phase.CLOSED:
+            self._flush_lines()
+
+    def _flush_lines(self) -> None:
+        chunk = self._account.take_lines()
+        if chunk is not None:
+            self._out.append(act.Log(chunk))
 
     def _emit_log(self, action: act.Log) -> None:
         self._out.append(action)

@@ -46,6 +46,27 @@ class TranscriptLine:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptChunk:
+    """Consecutive transcript lines of one session, emitted together.
+
+    The relay collects lines and hands them over at the end of each transaction, at the
+    end of the session, and every ``CHUNK_LINES`` lines: one record instead of fifteen
+    per message keeps the log cheap. Each line is ``(seq, at, direction value, text)``.
+    """
+
+    session_id: str
+    lines: tuple[tuple[int, float, str, str], ...]
+
+    def expand(self) -> list[TranscriptLine]:
+        return [
+            TranscriptLine(
+                session_id=self.session_id, seq=seq, at=at, direction=Direction(d), text=text
+            )
+            for seq, at, d, text in self.lines
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransactionEnded:
     """One MAIL transaction, from MAIL FROM to its end (reply to end-of-data, RSET, abort)."""
 
@@ -77,4 +98,6 @@ class SessionClosed:
     reason: str  # why it ended: "quit", "client-closed", "upstream-lost", "timeout", ...
 
 
-Record = SessionOpened | TranscriptLine | TransactionEnded | SessionClosed
+Record = SessionOpened | TranscriptLine | TranscriptChunk | TransactionEnded | SessionClosed
+
+CHUNK_LINES = 64  # a session's lines are handed over at least this often

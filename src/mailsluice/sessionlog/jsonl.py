@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mailsluice.relay.records import Record
+from mailsluice.relay.records import Record, TranscriptChunk
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, record_to_json
 from mailsluice.sessionlog.sqlite import create_private_file
 
@@ -54,7 +54,11 @@ class JsonlBackend:
     def write_batch(self, records: list[Record]) -> None:
         # Strings are already cleaned (no lone surrogates); the file's backslashreplace
         # error handler is a second line of defence, never expected to fire.
-        text = "".join([_dumps(record_to_json(r)) + "\n" for r in records])
+        lines: list[str] = []
+        for r in records:
+            for one in r.expand() if isinstance(r, TranscriptChunk) else (r,):
+                lines.append(_dumps(record_to_json(one)) + "\n")
+        text = "".join(lines)
         self._file.write(text)
         self._file.flush()
 

@@ -23,6 +23,7 @@ from mailsluice.relay.records import (
     Record,
     SessionOpened,
     TransactionEnded,
+    TranscriptChunk,
     TranscriptLine,
 )
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, clean_opt, clean_text
@@ -184,7 +185,12 @@ class SqliteBackend:
         txns: list[tuple[object, ...]] = []
         closed: list[tuple[object, ...]] = []
         for r in records:
-            if isinstance(r, TranscriptLine):
+            if isinstance(r, TranscriptChunk):
+                chunk = chunks.get(r.session_id)
+                if chunk is None:
+                    chunk = chunks[r.session_id] = []
+                chunk.extend((seq, at, d, clean_text(text)) for seq, at, d, text in r.lines)
+            elif isinstance(r, TranscriptLine):
                 chunk = chunks.get(r.session_id)
                 if chunk is None:
                     chunk = chunks[r.session_id] = []
