@@ -25,17 +25,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import itertools
 import json
 import os
 import signal
 import smtplib
+import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 CONNECTIONS_LOG = "connections.log"
 
@@ -103,16 +109,59 @@ def _peer_text(peer: Any) -> str:
     return str(peer)
 
 
+def demo_tls_context(directory: Path, hostname: str) -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate, so the demo MX offers
+    STARTTLS like real ones do (mailsluice records it as not verified)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "mx-cert.pem", directory / "mx-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_path, key_path)
+    return context
+
+
 class RecordingSMTP(SMTP):
     """aiosmtpd's server protocol, plus a line in ``connections.log`` per connection."""
 
-    def __init__(self, handler: RecordingHandler, hostname: str) -> None:
-        super().__init__(handler, hostname=hostname, decode_data=False, ident="demo MX")
+    def __init__(
+        self, handler: RecordingHandler, hostname: str, tls: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(
+            handler,
+            hostname=hostname,
+            decode_data=False,
+            ident="demo MX",
+            tls_context=tls,
+            require_starttls=False,
+        )
         self._log_path = handler.maildir / CONNECTIONS_LOG
+        self._logged = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        with self._log_path.open("a", encoding="utf-8") as out:
-            out.write(_peer_text(transport.get_extra_info("peername")) + "\n")
+        if not self._logged:  # aiosmtpd calls this again after STARTTLS: one line per TCP
+            self._logged = True
+            with self._log_path.open("a", encoding="utf-8") as out:
+                out.write(_peer_text(transport.get_extra_info("peername")) + "\n")
         super().connection_made(transport)
 
 
@@ -132,9 +181,10 @@ async def start_mx(
     """Start listening (``port`` 0 picks a free one); the caller closes the server."""
     _prepare(maildir)
     handler = RecordingHandler(maildir, frozenset(a.lower() for a in reject))
+    tls = demo_tls_context(maildir, hostname)
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: RecordingSMTP(handler, hostname), host=hosts, port=port, reuse_address=True
+        lambda: RecordingSMTP(handler, hostname, tls), host=hosts, port=port, reuse_address=True
     )
 
 
