@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.unit.relay_harness import EHLO_AFTER_TLS, EHLO_TLS, Harness, records
+from tests.unit.relay_harness import EHLO_AFTER_TLS, EHLO_TLS, Harness, records, to_server
 
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import outcome_of
@@ -201,3 +201,13 @@ def test_every_record_is_for_this_session() -> None:
     assert sum(isinstance(r, SessionClosed) for r in records(h.log)) == 1
     assert all(isinstance(r, TranscriptLine | SessionOpened | SessionClosed | TransactionEnded)
                for r in records(h.log))  # fmt: skip
+
+
+def test_tolerated_violations_are_flagged_in_the_transcript() -> None:
+    h = Harness()
+    h.connect()
+    h.ehlo()
+    out = h.client(b"MAIL FROM: <a@b.example>\r\n")
+    assert to_server(out) == b"MAIL FROM: <a@b.example>\r\n"  # forwarded as sent
+    notes = [text for direction, text in h.directions() if direction is Direction.NOTE]
+    assert "tolerated RFC 5321 violation: space-after-colon" in notes

@@ -134,6 +134,8 @@ class RelayBase:
     # ----------------------------------------------------------------- helpers
     def _forward(self, command: Command, purpose: Purpose, *, barrier: bool = False) -> None:
         self._log_client(command.line, Direction.CLIENT_TO_SERVER)
+        if command.violations:  # accepted as sent, and flagged for the operator
+            self._note(f"tolerated RFC 5321 violation: {', '.join(command.violations)}")
         self._pending.append(Pending(purpose, command, barrier=barrier))
         self._out.append(act.SendToServer(command.wire))
         if barrier:
