@@ -38,6 +38,11 @@ def _wait_for_greeting(port: int, proc: subprocess.Popen[bytes], timeout: float)
     raise AssertionError("mailsluice serve did not start listening")
 
 
+def _serve(*args: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "mailsluice", "serve", *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
 def _send(port: int, n: int) -> None:
     with smtplib.SMTP("127.0.0.1", port, timeout=10) as smtp:
         smtp.sendmail(f"s{n}@example.net", [f"r{n}@example.org"], f"Subject: {n}\r\n\r\nbody\r\n")
@@ -47,11 +52,9 @@ async def test_two_workers_relay_log_and_stop(tmp_path: Path) -> None:
     log = tmp_path / "sessions.db"
     async with LedgerMX() as mx:
         port = _free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mailsluice", "serve", "--workers", "2",
-             "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",
-             "--log", f"sqlite:{log}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = _serve(
+            "--workers", "2", "--listen", f"127.0.0.1:{port}",
+            "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",
         )  # fmt: skip
         try:
             await asyncio.to_thread(_wait_for_greeting, port, proc, 20.0)
