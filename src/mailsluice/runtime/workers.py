@@ -14,6 +14,7 @@ each hop lands on a random worker and stops as soon as it reaches the one that d
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -23,11 +24,25 @@ from collections.abc import Callable
 from types import FrameType
 
 log = logging.getLogger("mailsluice.workers")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _stop_with_parent(supervisor: int) -> None:
+    """Ask Linux to send us SIGTERM (a graceful stop) if the supervisor dies, so workers
+    never outlive a killed supervisor and keep the port. Best effort elsewhere."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != supervisor:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def supervise(count: int, work: Callable[[], int]) -> int:
     """Fork ``count`` workers running ``work`` and wait for them; returns the exit code."""
     stopping = False
+    supervisor = os.getpid()
     children: dict[int, int] = {}  # pid -> worker number
     last_start: dict[int, float] = {}
 
@@ -40,6 +55,7 @@ def supervise(count: int, work: Callable[[], int]) -> int:
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            _stop_with_parent(supervisor)
             code = 1
             try:
                 code = work()
