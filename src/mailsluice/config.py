@@ -178,6 +178,10 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
                 relay = replace(
                     relay, tls=TlsMode(_choice(raw, key, tuple(m.value for m in TlsMode)))
                 )
+            case "log_headers":
+                if not isinstance(raw, bool):
+                    raise ConfigError("log_headers: expected true or false")
+                relay = replace(relay, log_headers=raw)
             case "hostname":
                 relay = replace(relay, hostname=_string(raw, key))
             case "timeouts":

@@ -26,6 +26,7 @@ workers = 2
 bare_newline = "normalize"
 tls = "off"
 hostname = "gw.example"
+log_headers = true
 shutdown_grace = 5
 verbose = true
 
@@ -61,6 +62,7 @@ def test_every_key_is_read(tmp_path: Path) -> None:
     assert s.relay.bare_newline is BareNewlinePolicy.NORMALIZE
     assert s.relay.tls is TlsMode.OFF
     assert s.relay.hostname == "gw.example"
+    assert s.relay.log_headers is True
     assert s.relay.timeouts.connect == 3
     assert s.relay.timeouts.data_done == 60.5
     assert s.relay.timeouts.greeting == 240  # untouched keys keep their defaults

@@ -7,6 +7,7 @@ from tests.unit.relay_harness import EHLO_AFTER_TLS, EHLO_TLS, Harness, records,
 
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import outcome_of
+from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import (
     Direction,
     SessionClosed,
@@ -211,3 +212,28 @@ def test_tolerated_violations_are_flagged_in_the_transcript() -> None:
     assert to_server(out) == b"MAIL FROM: <a@b.example>\r\n"  # forwarded as sent
     notes = [text for direction, text in h.directions() if direction is Direction.NOTE]
     assert "tolerated RFC 5321 violation: space-after-colon" in notes
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"Subject: hi\r\nFrom: a@b\r\n\r\nsecret body\r\n", "<headers>\nSubject: hi\nFrom: a@b"),
+        (b"Subject: only headers\r\n", "<headers>\nSubject: only headers"),
+    ],
+)
+def test_headers_are_logged_only_when_asked_and_never_the_body(body: bytes, expected: str) -> None:
+    for log_headers in (False, True):
+        h = Harness(config=RelayConfig(log_headers=log_headers))
+        h.connect()
+        h.ehlo()
+        h.client(b"MAIL FROM:<a@b.example>\r\n")
+        h.server(b"250 ok\r\n")
+        h.client(b"RCPT TO:<c@d.example>\r\n")
+        h.server(b"250 ok\r\n")
+        h.client(b"DATA\r\n")
+        h.server(b"354 go\r\n")
+        h.client(body[:7])  # split inside the header section
+        h.client(body[7:] + b".\r\n")
+        texts = [text for _, text in h.directions()]
+        assert (expected in texts) is log_headers
+        assert not any("secret body" in text for text in texts)

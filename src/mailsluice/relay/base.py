@@ -46,6 +46,7 @@ class RelayBase:
         self._phase = Phase.CONNECTING
         self._barrier = False  # a command is out whose reply must come before the next
         self._scanner: BodyScanner | None = None
+        self._headers: bytearray | None = None  # header section being collected for the log
         self._account = Account(session_id, now)
         self._tls_allowed = tls_allowed
         self._refusal = refusal

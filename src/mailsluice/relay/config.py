@@ -53,4 +53,6 @@ class RelayConfig:
     max_errors: int = 100  # local error replies before "421 too many errors"
     bare_newline: BareNewlinePolicy = BareNewlinePolicy.REJECT
     tls: TlsMode = TlsMode.OPPORTUNISTIC
+    log_headers: bool = False  # also log each message's header section (never the body)
+    max_logged_headers: int = 16384  # bytes of header section kept for the log
     timeouts: Timeouts = field(default_factory=Timeouts)

@@ -207,6 +207,8 @@ class Relay(RelayBase):
     def _body(self, data: bytes) -> None:
         scanner = self._scanner
         assert scanner is not None
+        if self._headers is not None:
+            self._collect_headers(data)
         chunk = scanner.feed(data)
         if chunk.forward:
             self._out.append(act.SendToServer(chunk.forward))
@@ -214,6 +216,9 @@ class Relay(RelayBase):
             return
         self._scanner = None
         self._phase = Phase.COMMANDS
+        if self._headers is not None:  # a message with no empty line: all of it is header
+            self._headers = self._headers[: self._headers.find(b"\r\n.\r\n") + 2]
+            self._log_headers(len(self._headers))
         txn = self._account.transaction
         if txn is not None:
             txn.size = scanner.size
@@ -232,6 +237,24 @@ class Relay(RelayBase):
             self._barrier = False
         if chunk.rest:
             self._client_lines.feed(chunk.rest)
+
+    def _collect_headers(self, data: bytes) -> None:
+        """Keep the header section (up to the first empty line, capped) for the log."""
+        headers = self._headers
+        assert headers is not None
+        headers += data
+        end = headers.find(b"\r\n\r\n")
+        cap = self._cfg.max_logged_headers
+        if end < 0 and len(headers) < cap:
+            return
+        self._log_headers(end if end >= 0 else cap)
+
+    def _log_headers(self, size: int) -> None:
+        headers = self._headers
+        assert headers is not None
+        text = bytes(headers[:size]).rstrip(b"\r\n").decode("utf-8", "backslashreplace")
+        self._log_line(Direction.CLIENT_TO_SERVER, "<headers>\n" + text.replace("\r\n", "\n"))
+        self._headers = None
 
     def _sync_violation(self) -> None:
         self._note("client sent data before the MX's 354: SMTP protocol synchronization error")
@@ -314,6 +337,7 @@ class Relay(RelayBase):
                     normalize=policy is BareNewlinePolicy.NORMALIZE,
                     size_limit=self._cfg.message_size_limit,
                 )
+                self._headers = bytearray() if self._cfg.log_headers else None
                 self._phase = Phase.BODY
                 return
             if not (reply.is_transient or reply.is_permanent):
