@@ -382,3 +382,14 @@ def test_garbage_never_raises(chunks: list[bytes], normalize: bool) -> None:
         if result.done:
             break
     assert is_canonical(forwarded)
+
+
+def test_normalize_split_inside_a_line_after_bare_lf_is_stuffed_once() -> None:
+    """Regression (found by the deep profile): a line that starts after a bare LF and is
+    cut by the segmentation must be stuffed once, not once per segment."""
+    data = b"\n.\n\n.\n\n.\n..\n.\n"
+    whole = BodyScanner(normalize=True, size_limit=0).feed(data).forward
+    assert whole == b"\r\n..\r\n\r\n..\r\n\r\n..\r\n...\r\n..\r\n"
+    for point in range(1, len(data)):
+        scanner = BodyScanner(normalize=True, size_limit=0)
+        assert scanner.feed(data[:point]).forward + scanner.feed(data[point:]).forward == whole

@@ -51,6 +51,7 @@ class BodyScanner:
 
     __slots__ = (
         "_after_bare",
+        "_at_line_start",
         "_carry",
         "_faults",
         "_normalize",
@@ -67,6 +68,7 @@ class BodyScanner:
         self._size = 0
         self._faults: set[BodyFault] = set()
         self._after_bare = False  # normalize: the last line ended with a bare CR/LF
+        self._at_line_start = True  # the last byte forwarded ended a line (or none yet)
 
     @property
     def size(self) -> int:
@@ -116,15 +118,23 @@ class BodyScanner:
             self._faults.add(BodyFault.BARE_NEWLINE)
         if self._faults:
             return b""
-        if canonical and not (self._after_bare and real):
+        if not real:
+            return real
+        if canonical and not self._after_bare:
+            self._at_line_start = real.endswith(b"\n")
             return real
         return self._normalized(real)
 
     def _normalized(self, real: bytes) -> bytes:
-        """Rewrite to canonical lines; dot-stuff lines that follow a bare line end."""
+        """Rewrite to canonical lines; dot-stuff lines that follow a bare line end.
+
+        Only a piece that begins a line can be stuffed: the first piece continues the
+        previous segment's last line unless that segment ended with a line end.
+        """
         out: list[bytes] = []
         pieces = real.split(b"\n")
         last = len(pieces) - 1
+        line_start = self._at_line_start
         for index, piece in enumerate(pieces):
             ended = index < last
             bare = ended and not piece.endswith(b"\r")
@@ -133,11 +143,15 @@ class BodyScanner:
             piece = piece.replace(b"\r", b" ")
             # A line after a bare line end is stuffed; so is a "." line ended by a bare LF
             # (after CRLF or at the start), which would otherwise leave as CRLF.CRLF.
-            if piece.startswith(b".") and (self._after_bare or (bare and piece == b".")):
+            if (
+                line_start
+                and piece.startswith(b".")
+                and (self._after_bare or (bare and piece == b"."))
+            ):
                 piece = b"." + piece
             out.append(piece + b"\r\n" if ended else piece)
             if ended:
                 self._after_bare = bare
-            elif piece:
-                self._after_bare = False
+            line_start = True
+        self._at_line_start = not pieces[-1]
         return b"".join(out)
