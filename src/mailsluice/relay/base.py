@@ -146,10 +146,7 @@ class RelayBase:
         if error:
             self._errors += 1
             if self._errors > self._cfg.max_errors:
-                self._fail(
-                    Reply.make(421, "4.7.0", f"{self._host} Error: too many errors"),
-                    "too-many-errors",
-                )
+                self._fail(rp.too_many_errors(self._host), "too-many-errors")
                 return
         self._pending.append(
             Pending(Purpose.LOCAL, reply=reply, from_server=False, close_after=close)
@@ -196,9 +193,6 @@ class RelayBase:
         chunk = self._account.take_lines()
         if chunk is not None:
             self._out.append(act.Log(chunk))
-
-    def _emit_log(self, action: act.Log) -> None:
-        self._out.append(action)
 
     def _note(self, text: str) -> None:
         self._log_line(Direction.NOTE, text)

@@ -54,7 +54,7 @@ class Relay(RelayBase):
 
     def start(self) -> list[act.Action]:
         out = self._out = []
-        self._emit_log(act.Log(self._account.opened(*self._client_desc)))
+        out.append(act.Log(self._account.opened(*self._client_desc)))
         if self._refusal is not None:
             self._note(f"refused: {self._refusal.text}")
             self._phase = Phase.COMMANDS
@@ -458,12 +458,7 @@ class Relay(RelayBase):
         elif self._awaiting_server():
             if self._awaiting(Purpose.END_OF_DATA):
                 self._note("timeout after end-of-data: the message may be delivered twice")
-                self._fail(
-                    Reply.make(
-                        451, "4.4.2", f"{self._host} Error: timeout waiting for the destination"
-                    ),
-                    "upstream-timeout",
-                )
+                self._fail(rp.timeout_after_dot(self._host), "upstream-timeout")
             elif not self._connected:
                 self._fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
             else:

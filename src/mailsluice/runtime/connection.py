@@ -39,7 +39,8 @@ def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
 _IP_BIND_ADDRESS_NO_PORT = 24  # <linux/in.h>: let connect() pick the port, not bind()
 
 
-def _plain_host(host: str) -> str:
+def plain_host(host: str) -> str:
+    """An IPv4 address as itself, not as the ``::ffff:`` form a dual-stack socket shows."""
     return host.removeprefix("::ffff:")
 
 
@@ -343,7 +344,7 @@ class Session:
         err = sock.connect_ex(address)
         if err in (0, errno.EINPROGRESS):  # the source port is chosen now: register it
             source = sock.getsockname()
-            pair = (_plain_host(source[0]), source[1], _plain_host(address[0]), address[1])
+            pair = (plain_host(source[0]), source[1], plain_host(address[0]), address[1])
             self._outbound = pair
             self._ctx.outbound.add(pair)
         if err == errno.EINPROGRESS:

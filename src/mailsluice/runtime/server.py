@@ -23,7 +23,7 @@ from typing import Any
 from mailsluice.config import Settings
 from mailsluice.policy import access
 from mailsluice.policy.tls_memory import TlsFailureMemory
-from mailsluice.runtime.connection import ClientProtocol, Session
+from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.workers import supervise
@@ -123,8 +123,7 @@ class ProxyContext:
 
 
 def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
-    host = address[0].removeprefix("::ffff:")
-    return (host, address[1])
+    return (plain_host(address[0]), address[1])
 
 
 class Proxy:

@@ -150,3 +150,12 @@ def internal_error(hostname: str) -> Reply:
 
 def shutting_down(hostname: str) -> Reply:
     return Reply.make(421, "4.3.2", f"{hostname} Service shutting down, try again later")
+
+
+def timeout_after_dot(hostname: str) -> Reply:
+    """No reply to end-of-data in time: 4xx (the message may have been delivered)."""
+    return Reply.make(451, "4.4.2", f"{hostname} Error: timeout waiting for the destination")
+
+
+def too_many_errors(hostname: str) -> Reply:
+    return Reply.make(421, "4.7.0", f"{hostname} Error: too many errors")
