@@ -15,8 +15,10 @@ from tests.unit.relay_harness import (
 )
 
 from mailsluice.relay import actions as act
+from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import Direction
+from mailsluice.relay.session import Relay
 from mailsluice.smtp.replies import Reply
 
 pytestmark = pytest.mark.unit
@@ -328,3 +330,44 @@ def test_pipelined_commands_in_flight_are_capped() -> None:
         forwarded += len(to_server(out)) // 6
     assert forwarded == 25
     assert h.relay.client_backlog == 0
+
+
+def _scripted_session(fast: bool) -> list[act.Action]:
+    """One session (with a pipelined burst and a body split mid-line), via either entry."""
+    relay = Relay(config=RelayConfig(), session_id="s1", client="c:1", destination="d:25", now=0.0)
+    actions = relay.start() + relay.handle(ev.ServerConnected("s:2"), 1.0)
+    script: list[tuple[bool, bytes]] = [
+        (False, GREETING),
+        (True, b"EHLO me\r\n"),
+        (False, EHLO_PLAIN),
+        (True, b"MAIL FROM:<a@b>\r\nRCPT TO:<c@d>\r\nDATA\r\n"),
+        (False, b"250 ok\r\n250 ok\r\n354 go\r\n"),
+        (True, b"Subject: x\r\n\r\nbo"),
+        (True, b"dy\r\n.\r\nQUIT\r\n"),
+        (False, b"250 queued\r\n"),
+        (False, b"221 bye\r\n"),
+    ]
+    for n, (from_client, data) in enumerate(script, start=2):
+        if not fast:
+            event: ev.Event = ev.ClientData(data) if from_client else ev.ServerData(data)
+            actions += relay.handle(event, float(n))
+        elif from_client:
+            actions += relay.client_data(data, float(n))
+        else:
+            actions += relay.server_data(data, float(n))
+    assert relay.closed
+    return actions
+
+
+def test_data_fast_paths_act_exactly_like_handle() -> None:
+    """The shell's hot path (client_data/server_data) is ``handle`` without the event."""
+    assert _scripted_session(fast=True) == _scripted_session(fast=False)
+
+
+def test_data_fast_paths_do_nothing_once_closed() -> None:
+    relay = Relay(config=RelayConfig(), session_id="s1", client="c", destination="d", now=0.0)
+    relay.start()
+    relay.handle(ev.ServerConnectFailed("refused"), 1.0)
+    assert relay.closed
+    assert relay.client_data(b"EHLO me\r\n", 2.0) == []
+    assert relay.server_data(b"220 hi\r\n", 2.0) == []

@@ -74,6 +74,7 @@ class RelayBase:
         return self._client_lines.buffered
 
     def _in(self, phase: Phase) -> bool:
+        """``self._phase is phase``, where mypy would keep a stale narrowing of ``_phase``."""
         return self._phase is phase
 
     def _complete(self, entry: Pending) -> None:
@@ -84,7 +85,7 @@ class RelayBase:
         pending = self._pending
         while pending and pending[0].reply is not None and self._phase is not Phase.CLOSED:
             self._complete(pending.popleft())
-            if self._in(Phase.TLS_HANDSHAKE):
+            if self._phase is Phase.TLS_HANDSHAKE:
                 return
 
     def _quit_upstream(self) -> None:

@@ -68,6 +68,24 @@ class Relay(RelayBase):
         out.append(act.SetTimer(*self._timer))
         return out
 
+    def client_data(self, data: bytes, now: float) -> list[act.Action]:
+        """``handle(ClientData(data), now)`` without building the event: the hot path."""
+        self._now = now
+        out = self._out = []
+        if self._phase is not Phase.CLOSED:
+            self._client_data(data)
+            self._settle()
+        return out
+
+    def server_data(self, data: bytes, now: float) -> list[act.Action]:
+        """``handle(ServerData(data), now)`` without building the event: the hot path."""
+        self._now = now
+        out = self._out = []
+        if self._phase is not Phase.CLOSED:
+            self._server_data(data)
+            self._settle()
+        return out
+
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         self._now = now
         out = self._out = []
@@ -105,11 +123,15 @@ class Relay(RelayBase):
             case ev.InternalError(detail):
                 self._note(f"internal error: {detail}")
                 self._fail(rp.internal_error(self._host), "internal-error")
-        if self._in(Phase.COMMANDS):
-            self._pump_client()
-        if not self._in(Phase.CLOSED):
-            self._arm_timer()
+        self._settle()
         return out
+
+    def _settle(self) -> None:
+        """After every event: read the client's next commands, then say which timer runs."""
+        if self._phase is Phase.COMMANDS:
+            self._pump_client()
+        if self._phase is not Phase.CLOSED:
+            self._arm_timer()
 
     # ----------------------------------------------------------------- client side
     def _client_data(self, data: bytes) -> None:
@@ -270,7 +292,7 @@ class Relay(RelayBase):
             return
         lines = self._server_lines
         lines.feed(data)
-        while not self._in(Phase.CLOSED):
+        while self._phase is not Phase.CLOSED:
             item = lines.next_line()
             if item is None:
                 return

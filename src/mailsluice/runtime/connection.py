@@ -49,6 +49,22 @@ def _set_done(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _set_timed_out(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+def _literal_address(host: str, port: int) -> tuple[int, int, tuple[str, int]] | None:
+    """Family, protocol and sockaddr of an IP literal (the usual case); None for a name."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return family, socket.IPPROTO_TCP, (host, port)
+    return None
+
+
 class _Side(asyncio.Protocol):
     """Forwards one transport's callbacks to the session."""
 
@@ -176,6 +192,28 @@ class Session:
             log.exception("session %s: internal error", relay.session_id)
             self._internal_failure(relay, exc)
             return
+        self._performed(relay, actions)
+
+    def on_data(self, from_client: bool, data: bytes) -> None:
+        """Bytes from either side: the hot path (``Relay.client_data``/``server_data``)."""
+        if from_client != self._timer_on_server:  # data from the side we wait on
+            self._deadline = self._loop.time() + self._timeout
+        relay = self.relay
+        if relay is None or relay.closed:
+            return
+        try:
+            if from_client:
+                actions = relay.client_data(data, time.time())
+            else:
+                actions = relay.server_data(data, time.time())
+        except Exception as exc:  # a bug of ours: never a crash of the server, never a 2xx
+            log.exception("session %s: internal error", relay.session_id)
+            self._internal_failure(relay, exc)
+            return
+        self._performed(relay, actions)
+
+    def _performed(self, relay: Relay, actions: list[act.Action]) -> None:
+        """Perform the relay's actions, then stop or resume reading the client's backlog."""
         self._perform(actions)
         client = self._client
         if client is not None:
@@ -199,11 +237,6 @@ class Session:
             self._server = self._client = None
             self.relay = None
         self._wake()
-
-    def on_data(self, from_client: bool, data: bytes) -> None:
-        if from_client != self._timer_on_server:  # data from the side we wait on
-            self._deadline = self._loop.time() + self._timeout
-        self._feed(ev.ClientData(data) if from_client else ev.ServerData(data))
 
     def on_closed(self, from_client: bool, reason: str) -> None:
         if from_client:
@@ -234,39 +267,48 @@ class Session:
 
     # ------------------------------------------------------------ actions out
     def _perform(self, actions: list[act.Action]) -> None:
-        submit = self._ctx.log_writer.submit
+        # Commonest first: this runs for every chunk relayed.
         for action in actions:
-            match action:
-                case act.Log(record):
-                    submit(record)
-                case act.SendToServer(data):
-                    if self._server is not None:
-                        self._server.write(data)
-                case act.SendToClient(data):
-                    if self._client is not None:
-                        self._client.write(data)
-                case act.SetTimer(seconds, on_server):
-                    self._timer_on_server = on_server
-                    self._arm(seconds)
-                case act.ConnectServer():
-                    self._want_connect = True
-                    self._wake()
-                case act.StartServerTls():
-                    self._want_tls = True
-                    if self._server is not None:
-                        self._server.pause_reading()
-                    self._wake()
-                case act.CloseServer():
-                    server, self._server = self._server, None
-                    if server is not None:
-                        server.close()
-                case act.CloseClient():
-                    client, self._client = self._client, None
-                    if client is not None:
-                        client.close()
-                    self._wake()
-                case act.TlsBroken():
-                    self._ctx.tls_failed(format_address(self.destination), time.time())
+            if isinstance(action, act.SendToClient):
+                if self._client is not None:
+                    self._client.write(action.data)
+            elif isinstance(action, act.SendToServer):
+                if self._server is not None:
+                    self._server.write(action.data)
+            elif isinstance(action, act.Log):
+                self._ctx.log_writer.submit(action.record)
+            elif isinstance(action, act.SetTimer):
+                self._timer_on_server = action.on_server
+                self._arm(action.seconds)
+            else:
+                self._perform_rare(action)
+
+    def _perform_rare(self, action: act.Action) -> None:
+        match action:
+            case act.ConnectServer():
+                self._want_connect = True
+                self._wake()
+            case act.StartServerTls():
+                self._want_tls = True
+                if self._server is not None:
+                    self._server.pause_reading()
+                self._wake()
+            case act.CloseServer():
+                server, self._server = self._server, None
+                if server is not None:
+                    server.close()
+            case act.CloseClient():
+                client, self._client = self._client, None
+                if client is not None:
+                    client.close()
+                self._wake()
+            case act.TlsBroken():
+                self._ctx.tls_failed(format_address(self.destination), time.time())
+            case _:
+                log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    def _session_id(self) -> str:
+        return self.relay.session_id if self.relay is not None else "?"
 
     def _wake(self) -> None:
         if not self._work.done():
@@ -311,20 +353,25 @@ class Session:
         """
         ctx = self._ctx
         host, port = ctx.upstream_for(self.destination)
+        timeout = ctx.settings.relay.timeouts.connect
+        deadline = self._loop.time() + timeout
         sock: socket.socket | None = None
         try:
-            async with asyncio.timeout(ctx.settings.relay.timeouts.connect):
-                family, proto, address = await self._resolve(host, port)
-                sock = socket.socket(family, socket.SOCK_STREAM, proto)
-                sock.setblocking(False)
-                if ctx.settings.outbound_ip:
-                    sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
-                    sock.bind((ctx.settings.outbound_ip, 0))
-                await self._tcp_connect(sock, address)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                transport, _ = await self._loop.create_connection(
-                    lambda: _Side(self, client=False), sock=sock
-                )
+            target = _literal_address(host, port)
+            if target is None:  # a host name (smart-host mode): resolve within the budget
+                async with asyncio.timeout(timeout):
+                    target = await self._resolve(host, port)
+            family, proto, address = target
+            sock = socket.socket(family, socket.SOCK_STREAM, proto)
+            sock.setblocking(False)
+            if ctx.settings.outbound_ip:
+                sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
+                sock.bind((ctx.settings.outbound_ip, 0))
+            await self._tcp_connect(sock, address, deadline)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            transport, _ = await self._loop.create_connection(
+                lambda: _Side(self, client=False), sock=sock
+            )
         except (OSError, TimeoutError) as exc:
             if sock is not None:
                 sock.close()
@@ -338,9 +385,12 @@ class Session:
         source = self._outbound[:2] if self._outbound else ("?", 0)
         self._feed(ev.ServerConnected(format_address(source)))
 
-    async def _tcp_connect(self, sock: socket.socket, address: tuple[str, int]) -> None:
+    async def _tcp_connect(
+        self, sock: socket.socket, address: tuple[str, int], deadline: float
+    ) -> None:
         """Non-blocking connect without ``loop.sock_connect``, which resolves the address in
-        libuv's thread pool even for IP literals (a thread round trip per connection)."""
+        libuv's thread pool even for IP literals (a thread round trip per connection).
+        Raises ``TimeoutError`` at ``deadline`` (a loop timer, cheaper than a scope)."""
         err = sock.connect_ex(address)
         if err in (0, errno.EINPROGRESS):  # the source port is chosen now: register it
             source = sock.getsockname()
@@ -351,22 +401,18 @@ class Session:
             ready: asyncio.Future[None] = self._loop.create_future()
             fd = sock.fileno()
             self._loop.add_writer(fd, _set_done, ready)
+            timer = self._loop.call_at(deadline, _set_timed_out, ready)
             try:
                 await ready
             finally:
+                timer.cancel()
                 self._loop.remove_writer(fd)
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
             raise OSError(err, os.strerror(err))
 
     async def _resolve(self, host: str, port: int) -> tuple[int, int, tuple[str, int]]:
-        """Address family and sockaddr; no resolver round trip for IP literals (the usual case)."""
-        for family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                socket.inet_pton(family, host)
-            except OSError:
-                continue
-            return family, socket.IPPROTO_TCP, (host, port)
+        """Address family and sockaddr of a host name (the resolver, in a thread)."""
         infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, _, proto, _, address = infos[0]
         return family, proto, (str(address[0]), int(address[1]))

@@ -1,0 +1,112 @@
+"""Micro benchmark: Python cost of one relayed session in the asyncio shell, without sockets.
+
+Drives ``runtime.connection.Session`` (and its ``Relay``) through a whole SMTP session
+(greeting, EHLO, MAIL, RCPT, DATA, 1 KiB body, QUIT) with in-memory transports and a
+no-op log, so what it measures is our Python per session: the shell's callbacks, the
+relay, the action dispatch, the timer bookkeeping and the session task. The kernel's
+share (syscalls, TCP on loopback) is not in it; ``mailsluice bench relay`` measures the
+whole. Bounded: --sessions (default 10,000). Prints microseconds per session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from relay_core_bench import BODY, CLIENT, SERVER
+
+from mailsluice.config import HostPort, Settings
+from mailsluice.relay import events as ev
+from mailsluice.runtime import connection
+from mailsluice.runtime.server import ProxyContext
+from mailsluice.sessionlog.writer import NullWriter
+
+
+class MemoryTransport:
+    """Just enough of ``asyncio.Transport`` for ``Session``."""
+
+    def __init__(self, protocol: Any = None) -> None:
+        self.written = 0
+        self.closing = False
+        self._protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def close(self) -> None:
+        self.closing = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_protocol(self) -> Any:
+        return self._protocol
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 40000), "socket": None}.get(name, default)
+
+
+async def fake_connect(self: connection.Session) -> None:
+    """Stands in for ``Session._connect``: an upstream that is there at once."""
+    side = connection._Side(self, client=False)
+    self._server = MemoryTransport(side)  # type: ignore[assignment]
+    self._feed(ev.ServerConnected("127.0.0.1:40001"))
+
+
+async def one_session(ctx: ProxyContext) -> connection.Session:
+    client = connection.ClientProtocol(ctx)
+    client.connection_made(MemoryTransport())  # type: ignore[arg-type]
+    session = client._session
+    await asyncio.sleep(0)  # the session task dials (fake_connect)
+    server = session._server
+    assert server is not None
+    upstream = server.get_protocol()
+    upstream.data_received(SERVER[0])
+    for line, reply in zip(CLIENT, SERVER[1:], strict=True):
+        client.data_received(line)
+        if line is not BODY:
+            upstream.data_received(reply)
+    upstream.data_received(SERVER[-1])
+    await asyncio.sleep(0)  # the session task sees the close and ends
+    return session
+
+
+async def run(sessions: int) -> float:
+    settings = Settings(upstream=HostPort("127.0.0.1", 25), log="none")
+    ctx = ProxyContext(settings, NullWriter())  # type: ignore[arg-type]
+    async with asyncio.TaskGroup() as group:
+        ctx._spawn = group.create_task
+        start = time.perf_counter()
+        for _ in range(sessions):
+            await one_session(ctx)
+        elapsed = time.perf_counter() - start
+    assert not ctx.sessions, "sessions left open: the benchmark's script is out of step"
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sessions", type=int, default=10_000)
+    args = parser.parse_args()
+    connection.Session._connect = fake_connect  # type: ignore[method-assign]
+    try:
+        import uvloop
+
+        elapsed = uvloop.run(run(args.sessions))
+    except ImportError:
+        elapsed = asyncio.run(run(args.sessions))
+    print(f"{args.sessions} sessions, {elapsed * 1e6 / args.sessions:.1f} us/session")
+
+
+if __name__ == "__main__":
+    main()
