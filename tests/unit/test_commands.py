@@ -186,6 +186,11 @@ def test_quoted_local_part() -> None:
     assert ok(b'RCPT TO:<"john smith"@example.com>').address == b'"john smith"@example.com'
 
 
+def test_quoted_local_part_with_escaped_quote() -> None:
+    address = b'"say \\"hi\\""@example.com'
+    assert ok(b"RCPT TO:<" + address + b">").address == address
+
+
 @pytest.mark.parametrize(
     "line",
     [

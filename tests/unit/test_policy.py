@@ -37,6 +37,7 @@ def test_client_allowed(client: str, allowed: bool) -> None:
         (("::ffff:127.0.0.1", 10025), [("127.0.0.1", 10025)], True),
         (("192.0.2.7", 25), [("0.0.0.0", 10025)], False),  # a redirected MX connection
         (("127.0.0.1", 25), [("127.0.0.1", 10025)], False),
+        (("192.0.2.7", 10025), [("192.0.2.8", 10025), ("junk", 10025)], False),
     ],
 )
 def test_is_loop(destination: tuple[str, int], own: list[tuple[str, int]], loop: bool) -> None:

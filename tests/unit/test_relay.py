@@ -371,3 +371,42 @@ def test_data_fast_paths_do_nothing_once_closed() -> None:
     assert relay.closed
     assert relay.client_data(b"EHLO me\r\n", 2.0) == []
     assert relay.server_data(b"220 hi\r\n", 2.0) == []
+
+
+def test_unknown_event_fails_safe_with_421() -> None:
+    relay = Relay(config=RelayConfig(), session_id="s9", client="c", destination="d", now=0.0)
+    assert relay.session_id == "s9"
+    relay.start()
+    relay.handle(ev.ServerConnected("s:2"), 1.0)
+    relay.server_data(GREETING, 1.0)
+    actions = relay.handle(object(), 2.0)  # type: ignore[arg-type]
+    assert statuses(actions) == [(421, "4.3.0")]
+    assert relay.closed
+    assert relay.handle(ev.ServerClosed("late"), 3.0) == []
+
+
+def test_long_sessions_hand_over_transcript_lines_in_chunks() -> None:
+    from mailsluice.relay.records import CHUNK_LINES, Record, TranscriptChunk
+
+    relay = Relay(config=RelayConfig(), session_id="s1", client="c", destination="d", now=0.0)
+    relay.start()
+    relay.handle(ev.ServerConnected("s:2"), 1.0)
+    relay.server_data(GREETING, 1.0)
+    chunks: list[Record] = []
+    for n in range(CHUNK_LINES):  # each NOOP logs two lines (command, reply); 2 more came first
+        actions = relay.client_data(b"NOOP\r\n", 2.0 + n)
+        actions += relay.server_data(b"250 2.0.0 Ok\r\n", 2.0 + n)
+        chunks += [a.record for a in of_type(actions, act.Log)]
+    assert not relay.closed
+    assert [len(c.lines) for c in chunks if isinstance(c, TranscriptChunk)] == [CHUNK_LINES] * 2
+    assert len(chunks) == 2
+
+
+def test_closing_twice_emits_nothing_more() -> None:
+    relay = Relay(config=RelayConfig(), session_id="s1", client="c", destination="d", now=0.0)
+    relay.start()
+    relay.handle(ev.ServerConnectFailed("refused"), 1.0)
+    assert relay.closed
+    relay._out = []
+    relay._close("again")
+    assert relay._out == []

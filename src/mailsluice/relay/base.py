@@ -105,14 +105,13 @@ class RelayBase:
 
     def _fail(self, reply: Reply, reason: str) -> None:
         """End the session: the first reply the client is owed becomes ``reply``."""
-        for entry in self._pending:
-            if entry.reply is None:
-                entry.reply, entry.purpose, entry.close_after = reply, Purpose.LOCAL, True
-                entry.close_reason = reason
-                entry.internal = False
-                self._phase = Phase.COMMANDS
-                self._flush()
-                break
+        entry = next((e for e in self._pending if e.reply is None), None)
+        if entry is not None:
+            entry.reply, entry.purpose, entry.close_after = reply, Purpose.LOCAL, True
+            entry.close_reason = reason
+            entry.internal = False
+            self._phase = Phase.COMMANDS
+            self._flush()
         if self._phase is not Phase.CLOSED:
             self._log_line(Direction.PROXY_TO_CLIENT, reply.transcript())
             self._send_raw(reply)
@@ -199,10 +198,7 @@ class RelayBase:
         self._log_line(Direction.NOTE, text)
 
     def _first_awaiting_server(self) -> Pending | None:
-        for entry in self._pending:
-            if entry.reply is None and entry.from_server:
-                return entry
-        return None
+        return next((e for e in self._pending if e.reply is None and e.from_server), None)
 
     def _arm_timer(self) -> None:
         """Announce the timeout that applies now, and whose silence it measures.

@@ -123,6 +123,9 @@ class Relay(RelayBase):
             case ev.InternalError(detail):
                 self._note(f"internal error: {detail}")
                 self._fail(rp.internal_error(self._host), "internal-error")
+            case _:  # a shell bug: fail safe, as for any internal error
+                self._note(f"internal error: unknown event {event!r}")
+                self._fail(rp.internal_error(self._host), "internal-error")
         self._settle()
         return out
 
