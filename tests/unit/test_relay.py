@@ -373,16 +373,16 @@ def test_data_fast_paths_do_nothing_once_closed() -> None:
     assert relay.server_data(b"220 hi\r\n", 2.0) == []
 
 
-def test_unknown_event_fails_safe_with_421() -> None:
+def test_unknown_event_is_refused_loudly() -> None:
+    """A shell bug, not a state: the shell turns the exception into 421 4.3.0."""
     relay = Relay(config=RelayConfig(), session_id="s9", client="c", destination="d", now=0.0)
     assert relay.session_id == "s9"
     relay.start()
-    relay.handle(ev.ServerConnected("s:2"), 1.0)
-    relay.server_data(GREETING, 1.0)
-    actions = relay.handle(object(), 2.0)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError):
+        relay.handle(object(), 2.0)  # type: ignore[arg-type]
+    actions = relay.handle(ev.InternalError("AssertionError"), 3.0)
     assert statuses(actions) == [(421, "4.3.0")]
     assert relay.closed
-    assert relay.handle(ev.ServerClosed("late"), 3.0) == []
 
 
 def test_long_sessions_hand_over_transcript_lines_in_chunks() -> None:

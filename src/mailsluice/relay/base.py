@@ -198,7 +198,12 @@ class RelayBase:
         self._log_line(Direction.NOTE, text)
 
     def _first_awaiting_server(self) -> Pending | None:
-        return next((e for e in self._pending if e.reply is None and e.from_server), None)
+        # A loop, not next(genexpr): this runs after every event. Answered entries leave the
+        # FIFO head at once, so in practice the first entry already decides.
+        for entry in self._pending:  # pragma: no branch
+            if entry.reply is None and entry.from_server:
+                return entry
+        return None
 
     def _arm_timer(self) -> None:
         """Announce the timeout that applies now, and whose silence it measures.

@@ -22,6 +22,8 @@ The rules that never bend, and where they are enforced:
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import address_text, outcome_of
@@ -123,9 +125,8 @@ class Relay(RelayBase):
             case ev.InternalError(detail):
                 self._note(f"internal error: {detail}")
                 self._fail(rp.internal_error(self._host), "internal-error")
-            case _:  # a shell bug: fail safe, as for any internal error
-                self._note(f"internal error: unknown event {event!r}")
-                self._fail(rp.internal_error(self._host), "internal-error")
+            case _:  # a shell bug; the shell answers it with 421 4.3.0 like any other
+                assert_never(event)
         self._settle()
         return out
 
