@@ -144,12 +144,18 @@ def test_smuggling_in_normalize_mode_is_one_message(sequence: bytes) -> None:
 
 
 def test_body_in_the_same_chunk_as_data_is_a_sync_violation() -> None:
+    """RFC 2920: MAIL and RCPT get their own replies, in order; DATA's reply is the 554."""
     h = Harness()
     h.connect()
     h.ehlo()
     out = h.client(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nDATA\r\nSubject: x\r\n")
-    assert to_server(out) == b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nDATA\r\n"
-    assert statuses(out) == [(554, "5.5.0")]
+    assert to_server(out) == b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\n"
+    assert statuses(out) == []
+    assert not h.relay.closed
+    more = h.client(b"\r\nbody\r\n.\r\nMAIL FROM:<x@y>\r\n")  # discarded, never parsed
+    assert to_server(more) == b""
+    out = h.server(b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n")
+    assert statuses(out) == [(250, "2.1.0"), (250, "2.1.5"), (554, "5.5.0")]
     assert of_type(out, act.CloseServer) == [act.CloseServer()]
     assert h.relay.closed
 
@@ -159,10 +165,13 @@ def test_body_before_the_354_is_a_sync_violation() -> None:
     h.connect()
     h.ehlo()
     h.client(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nDATA\r\n")
-    h.server(b"250 Ok\r\n")
     out = h.client(b"Subject: early\r\n\r\nbody\r\n.\r\n")
     assert to_server(out) == b""
-    assert statuses(out) == [(554, "5.5.0")]
+    assert statuses(out) == []  # MAIL and RCPT are still owed their replies
+    out = h.server(b"250 Ok\r\n250 Ok\r\n354 go ahead\r\n")
+    assert to_server(out) == b""  # the MX said 354, but gets no body: the close aborts it
+    assert statuses(out) == [(250, None), (250, None), (554, "5.5.0")]
+    assert of_type(out, act.CloseServer) == [act.CloseServer()]
     assert h.relay.closed
     assert to_server(h.log).count(b"Subject") == 0
 

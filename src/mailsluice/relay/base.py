@@ -45,6 +45,8 @@ class RelayBase:
         self._pending: deque[Pending] = deque()
         self._phase = Phase.CONNECTING
         self._barrier = False  # a command is out whose reply must come before the next
+        self._desynced = False  # the client broke pipelining rules: nothing more is read
+        self._client_progress = False  # a client line completed: its timeout starts afresh
         self._scanner: BodyScanner | None = None
         self._headers: bytearray | None = None  # header section being collected for the log
         self._account = Account(session_id, now)
@@ -142,15 +144,18 @@ class RelayBase:
         if barrier:
             self._barrier = True
 
-    def _local(self, reply: Reply, *, close: bool = False, error: bool = False) -> None:
+    def _local(
+        self, reply: Reply, *, close: bool = False, error: bool = False, reason: str = ""
+    ) -> None:
         if error:
             self._errors += 1
             if self._errors > self._cfg.max_errors:
                 self._fail(rp.too_many_errors(self._host), "too-many-errors")
                 return
-        self._pending.append(
-            Pending(Purpose.LOCAL, reply=reply, from_server=False, close_after=close)
-        )
+        entry = Pending(Purpose.LOCAL, reply=reply, from_server=False, close_after=close)
+        if reason:
+            entry.close_reason = reason
+        self._pending.append(entry)
         self._flush()
 
     def _awaiting(self, purpose: Purpose) -> bool:
@@ -221,9 +226,12 @@ class RelayBase:
             timer = (t.client_data, False)
         else:
             timer = (t.client_idle, False)
-        if timer != self._timer:
+        # A completed client line restarts the client's clock: a command must arrive whole
+        # within the timeout (the shell does not restart it for a partial line).
+        if timer != self._timer or (self._client_progress and not timer[1]):
             self._timer = timer
             self._out.append(act.SetTimer(*timer))
+        self._client_progress = False
 
 
 def _reply_timeout(purpose: Purpose, t: Timeouts, connected: bool) -> float:

@@ -38,6 +38,10 @@ class Timeouts:
     client_idle: float = 300.0  # client silent while we wait for a command
     client_data: float = 180.0  # client silent in the middle of a message body
     quit: float = 10.0  # MX reply to QUIT before we just close
+    # Bytes/s a client must keep up while it sends a command line or a message: each chunk
+    # extends the client's deadline by its size / this rate, never past the full timeout,
+    # so a client trickling bytes (slowloris) is cut (Postfix smtpd_min_data_rate).
+    client_min_rate: float = 500.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,8 +16,8 @@ The rules that never bend, and where they are enforced:
 * canonical bytes upstream: command lines are re-emitted from the validated line with
   CRLF; bodies go through ``BodyScanner``; a refused body aborts the upstream
   connection instead of sending the final dot.
-* nothing after DATA until the MX's 354 (``_sync_violation``); no plaintext read after
-  the MX's 220 to STARTTLS (``_start_tls``).
+* nothing after DATA until the MX's 354 (``_sync_violation``: 554 as DATA's reply);
+  no plaintext read after the MX's 220 to STARTTLS (``_start_tls``).
 """
 
 from __future__ import annotations
@@ -142,22 +142,30 @@ class Relay(RelayBase):
         if self._phase is Phase.BODY:
             self._body(data)
             return
+        if self._desynced:
+            return  # discarded: the session ends once the replies owed are out
         pending = self._pending
         if pending and pending[-1].purpose is Purpose.DATA and pending[-1].reply is None:
-            self._sync_violation()  # DATA is a barrier: when waiting, it is the last entry
+            self._sync_violation(pending[-1])  # DATA is a barrier: when waiting, it is last
             return
         self._client_lines.feed(data)
 
     def _pump_client(self) -> None:
         lines = self._client_lines
         cap = self._cfg.max_in_flight  # bounds the FIFO; unread lines stay in the backlog
-        while self._phase is Phase.COMMANDS and not self._barrier and len(self._pending) < cap:
+        while (
+            self._phase is Phase.COMMANDS
+            and not self._barrier
+            and not self._desynced
+            and len(self._pending) < cap
+        ):
             if lines.discarded > self._cfg.max_pending_input:
                 self._fail(Reply.make(421, "4.7.0", f"{self._host} Error: line too long"), "flood")
                 return
             item = lines.next_line()
             if item is None:
                 return
+            self._client_progress = True
             if isinstance(item, LineTooLong):
                 self._local(Reply.make(500, "5.5.2", "Error: command line too long"), error=True)
                 continue
@@ -189,9 +197,11 @@ class Relay(RelayBase):
         elif verb == "RCPT":
             self._rcpt(parsed)
         elif verb == "DATA":
-            self._forward(parsed, Purpose.DATA, barrier=True)
-            if self._client_lines.buffered:
-                self._sync_violation()
+            if self._client_lines.buffered:  # more bytes behind DATA: it did not wait for 354
+                self._log_client(parsed.line, Direction.CLIENT_TO_PROXY)
+                self._sync_violation(None)  # the MX never sees this DATA
+            else:
+                self._forward(parsed, Purpose.DATA, barrier=True)
         elif verb in _FORWARDED:
             if verb == "RSET":
                 self._abort_transaction()
@@ -282,12 +292,23 @@ class Relay(RelayBase):
         self._log_line(Direction.CLIENT_TO_SERVER, "<headers>\n" + text.replace("\r\n", "\n"))
         self._headers = None
 
-    def _sync_violation(self) -> None:
+    def _sync_violation(self, data_entry: Pending | None) -> None:
+        """The client sent more after DATA before the MX's 354 (RFC 2920 §3.1).
+
+        Its reply to DATA becomes 554 5.5.0 and the session ends; the replies owed before
+        it (MAIL, RCPT) still go out first, in order. Nothing more is read from the client,
+        and the MX never gets a body: DATA is either not sent at all, or its transaction is
+        aborted by the close (the MX's late reply to DATA is never waited for).
+        """
         self._note("client sent data before the MX's 354: SMTP protocol synchronization error")
+        self._desynced = True
         reply = Reply.make(554, "5.5.0", "Error: SMTP protocol synchronization")
-        self._log_line(Direction.PROXY_TO_CLIENT, reply.transcript())
-        self._send_raw(reply)
-        self._close("sync-violation")
+        if data_entry is None:
+            self._local(reply, close=True, reason="sync-violation")
+            return
+        data_entry.purpose, data_entry.reply, data_entry.from_server = Purpose.LOCAL, reply, False
+        data_entry.close_after, data_entry.close_reason = True, "sync-violation"
+        self._flush()
 
     # ----------------------------------------------------------------- server side
     def _server_data(self, data: bytes) -> None:

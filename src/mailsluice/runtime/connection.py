@@ -36,6 +36,8 @@ def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+LINGER_SECONDS = 5.0  # a closed client's input is drained this long at most (lingering close)
+LINGER_BYTES = 1 << 20  # ... and this much at most
 _IP_BIND_ADDRESS_NO_PORT = 24  # <linux/in.h>: let connect() pick the port, not bind()
 
 
@@ -118,6 +120,9 @@ class Session:
         self._timer_on_server = True  # whose silence the timeout measures
         self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
         self._data_block = context.settings.relay.timeouts.data_block
+        self._min_rate = context.settings.relay.timeouts.client_min_rate
+        self._lingering: asyncio.Transport | None = None  # closed client, drained before close
+        self._drained = 0
         self._max_backlog = context.settings.relay.max_pending_input
         self._timer: asyncio.TimerHandle | None = None
         self._work: asyncio.Future[None] = self._loop.create_future()
@@ -195,12 +200,24 @@ class Session:
         self._performed(relay, actions)
 
     def on_data(self, from_client: bool, data: bytes) -> None:
-        """Bytes from either side: the hot path (``Relay.client_data``/``server_data``)."""
-        if from_client != self._timer_on_server:  # data from the side we wait on
-            self._deadline = self._loop.time() + self._timeout
+        """Bytes from either side: the hot path (``Relay.client_data``/``server_data``).
+
+        The MX's silence is measured from its last byte. The client's deadline is not
+        restarted by a partial line or a body chunk, only extended by the chunk's size at
+        ``client_min_rate``; the relay restarts it (``SetTimer``) when a line completes.
+        """
         relay = self.relay
         if relay is None or relay.closed:
+            if from_client and self._lingering is not None:
+                self._drain(len(data))
             return
+        if not from_client:
+            if self._timer_on_server:
+                self._deadline = self._loop.time() + self._timeout
+        elif not self._timer_on_server:
+            self._deadline = min(
+                self._loop.time() + self._timeout, self._deadline + len(data) / self._min_rate
+            )
         try:
             if from_client:
                 actions = relay.client_data(data, time.time())
@@ -300,12 +317,39 @@ class Session:
             case act.CloseClient():
                 client, self._client = self._client, None
                 if client is not None:
-                    client.close()
+                    self._linger(client)
                 self._wake()
             case act.TlsBroken():
                 self._ctx.tls_failed(format_address(self.destination), time.time())
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    def _linger(self, client: asyncio.Transport) -> None:
+        """Close the client without destroying our last replies.
+
+        Closing a socket with unread input makes the kernel send a reset, and a reset can
+        discard replies the client has not read yet (the 421 after a command flood, the
+        554 to a pipelining violation). So: half-close once our replies are flushed, read
+        and discard what still comes for at most ``LINGER_SECONDS`` or ``LINGER_BYTES``,
+        then close (the client's own close ends it sooner).
+        """
+        if client.is_closing() or not client.can_write_eof():
+            client.close()
+            return
+        try:
+            client.write_eof()
+        except OSError:  # the client is already gone (reset)
+            client.abort()
+            return
+        self._lingering = client
+        client.resume_reading()
+        self._loop.call_later(LINGER_SECONDS, client.close)
+
+    def _drain(self, size: int) -> None:
+        self._drained += size
+        if self._drained > LINGER_BYTES and self._lingering is not None:
+            self._lingering.abort()
+            self._lingering = None
 
     def _session_id(self) -> str:
         return self.relay.session_id if self.relay is not None else "?"
