@@ -354,3 +354,11 @@ def test_garbage_in_path_commands(tail: bytes) -> None:
 @given(st.binary(max_size=200))
 def test_http_detector_never_raises(line: bytes) -> None:
     assert looks_like_http(line) in (True, False)
+
+
+@pytest.mark.parametrize(
+    "line", [b"RCPT TO:x@y<evil@z>", b'MAIL FROM:a"b@c', b"MAIL FROM:|a@b> SIZE=1"]
+)
+def test_unbracketed_path_gets_the_checks_of_a_bracketed_one(line: bytes) -> None:
+    """Found by fuzzing: a path without <> was checked less than one with them."""
+    assert isinstance(parse_command(line), CommandError)

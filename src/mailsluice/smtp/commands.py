@@ -127,7 +127,9 @@ def _split_path(rest: bytes) -> tuple[bytes, bytes, bool] | None:
             return None
         return inner, tail.strip(b" \t"), True
     address, _, tail = rest.partition(b" ")
-    if not address or not _plausible_mailbox(address):
+    # Tolerated without brackets, but checked exactly as if it had them (found by fuzzing).
+    checked = _split_path(b"<" + address + b">") if address else None
+    if checked is None or checked[0] != address:
         return None
     return address, tail.strip(b" \t"), False
 
