@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers", type=int, metavar="N", help="worker processes sharing the port (default 1)"
     )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        metavar="N",
+        help="sessions one client address may hold per worker (default 200, 0 = no cap)",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every session event")
 
     check = sub.add_parser("check-config", help="validate a configuration file")
@@ -68,7 +74,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Embedded defaults, then the config file, then the flags."""
     settings = load_file(args.config) if getattr(args, "config", None) else Settings()
     flags: dict[str, object] = {}
-    for name in ("listen", "upstream", "outbound_ip", "log", "message_size_limit", "workers"):
+    names = ("listen", "upstream", "outbound_ip", "log", "message_size_limit", "workers",
+             "max_connections_per_client")  # fmt: skip
+    for name in names:
         value = getattr(args, name, None)
         if value is not None:
             flags[name] = value

@@ -22,6 +22,7 @@ log = "jsonl:/tmp/x.jsonl"
 message_size_limit = 5000
 max_recipients = 50
 max_connections = 10
+max_connections_per_client = 4
 workers = 2
 bare_newline = "normalize"
 tls = "off"
@@ -45,6 +46,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert settings.relay.bare_newline is BareNewlinePolicy.REJECT
     assert settings.relay.tls is TlsMode.OPPORTUNISTIC
     assert settings.relay.message_size_limit == 10_240_000
+    assert (settings.max_connections, settings.max_connections_per_client) == (1000, 200)
 
 
 def test_every_key_is_read(tmp_path: Path) -> None:
@@ -57,6 +59,7 @@ def test_every_key_is_read(tmp_path: Path) -> None:
     assert s.allow == (ipaddress.ip_network("10.0.0.0/8"),)
     assert s.log == "jsonl:/tmp/x.jsonl"
     assert (s.max_connections, s.workers, s.shutdown_grace, s.verbose) == (10, 2, 5, True)
+    assert s.max_connections_per_client == 4
     assert s.relay.message_size_limit == 5000
     assert s.relay.max_recipients == 50
     assert s.relay.bare_newline is BareNewlinePolicy.NORMALIZE
@@ -73,9 +76,10 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     path.write_text(FULL)
     args = build_parser().parse_args(
         ["serve", "--config", str(path), "--listen", "127.0.0.1:1", "--allow", "::1/128",
-         "--message-size-limit", "7", "--workers", "3"]
+         "--message-size-limit", "7", "--workers", "3", "--max-connections-per-client", "0"]
     )  # fmt: skip
     s = settings_from_args(args)
+    assert s.max_connections_per_client == 0  # over the file's 4: 0 = no per-client cap
     assert s.listen == HostPort("127.0.0.1", 1)
     assert s.allow == (ipaddress.ip_network("::1/128"),)
     assert s.relay.message_size_limit == 7
@@ -93,6 +97,11 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ('outbound_ip = "x"', "outbound_ip"),
         ('log = "mysql:x"', "log"),
         ("workers = 0", "workers"),
+        ("max_connections = 0", "max_connections"),
+        ("max_connections_per_client = -1", "max_connections_per_client: must be at least 0"),
+        ("max_connections_per_client = 2.5", "max_connections_per_client: expected a whole"),
+        ("max_connections_per_client = true", "max_connections_per_client: expected a number"),
+        ('max_connections_per_client = "50"', "max_connections_per_client: expected a number"),
         ('bare_newline = "ignore"', "bare_newline"),
         ("message_size_limit = 1.5", "message_size_limit"),
         ("verbose = 1", "verbose"),
@@ -127,3 +136,27 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "at least 1" in err
     assert main(["check-config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_per_client_cap_flag_is_validated_like_the_key() -> None:
+    args = build_parser().parse_args(["serve", "--max-connections-per-client", "-3"])
+    with pytest.raises(ConfigError, match="max_connections_per_client: must be at least 0"):
+        settings_from_args(args)
+    args = build_parser().parse_args(["serve", "--max-connections-per-client", "50"])
+    assert settings_from_args(args).max_connections_per_client == 50
+    assert settings_from_args(build_parser().parse_args(["serve"])).max_connections_per_client == (
+        200
+    )
+
+
+def test_check_config_validates_the_per_client_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "caps.toml"
+    path.write_text("max_connections = 500\nmax_connections_per_client = 0\n")
+    assert main(["check-config", str(path)]) == 0
+    path.write_text("max_connections_per_client = -1\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "max_connections_per_client" in err
+    assert "at least 0" in err

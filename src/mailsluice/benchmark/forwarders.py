@@ -105,6 +105,7 @@ async def _mailsluice(ctx: Context) -> AsyncIterator[Endpoint]:
         "--listen", f"{LOOPBACK}:{port}",
         "--upstream", f"{LOOPBACK}:{ctx.sink_port}",
         "--log", log_url, "--workers", str(ctx.mailsluice_workers),
+        "--max-connections-per-client", "0",  # every session comes from LOOPBACK
     ]  # fmt: skip
     log = ctx.workdir / f"mailsluice-{ctx.run_tag}.log"
     async with child(argv, log=log, grace=15.0) as proc:

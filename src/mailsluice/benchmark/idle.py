@@ -77,7 +77,8 @@ async def run(sessions: int, log: Path) -> dict[str, float]:
     mx_port = mx.sockets[0].getsockname()[1]
     port = free_port()
     argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"{LOOPBACK}:{port}",
-            "--upstream", f"{LOOPBACK}:{mx_port}", "--log", "none:"]  # fmt: skip
+            "--upstream", f"{LOOPBACK}:{mx_port}", "--log", "none:",
+            "--max-connections-per-client", "0"]  # fmt: skip  # every session is from LOOPBACK
     async with child(argv, log=log, grace=10.0) as proc:
         await wait_smtp_ready(port, timeout=30.0, died=lambda: None)
         await asyncio.sleep(0.5)

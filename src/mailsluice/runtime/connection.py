@@ -14,16 +14,16 @@ Every wait has a deadline (the relay's ``SetTimer``; the connect timeout here).
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
-import socket
 import time
 from typing import TYPE_CHECKING, cast
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.session import Relay
+from mailsluice.runtime.dialer import LOCAL_SHORTAGE, dial, plain_host
+
+__all__ = ["ClientProtocol", "Session", "format_address", "plain_host"]
 
 if TYPE_CHECKING:
     from mailsluice.runtime.server import ProxyContext
@@ -38,33 +38,6 @@ def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
 
 LINGER_SECONDS = 5.0  # a closed client's input is drained this long at most (lingering close)
 LINGER_BYTES = 1 << 20  # ... and this much at most
-_IP_BIND_ADDRESS_NO_PORT = 24  # <linux/in.h>: let connect() pick the port, not bind()
-
-
-def plain_host(host: str) -> str:
-    """An IPv4 address as itself, not as the ``::ffff:`` form a dual-stack socket shows."""
-    return host.removeprefix("::ffff:")
-
-
-def _set_done(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _set_timed_out(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
-def _literal_address(host: str, port: int) -> tuple[int, int, tuple[str, int]] | None:
-    """Family, protocol and sockaddr of an IP literal (the usual case); None for a name."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        return family, socket.IPPROTO_TCP, (host, port)
-    return None
 
 
 class _Side(asyncio.Protocol):
@@ -397,28 +370,20 @@ class Session:
         """
         ctx = self._ctx
         host, port = ctx.upstream_for(self.destination)
-        timeout = ctx.settings.relay.timeouts.connect
-        deadline = self._loop.time() + timeout
-        sock: socket.socket | None = None
         try:
-            target = _literal_address(host, port)
-            if target is None:  # a host name (smart-host mode): resolve within the budget
-                async with asyncio.timeout(timeout):
-                    target = await self._resolve(host, port)
-            family, proto, address = target
-            sock = socket.socket(family, socket.SOCK_STREAM, proto)
-            sock.setblocking(False)
-            if ctx.settings.outbound_ip:
-                sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
-                sock.bind((ctx.settings.outbound_ip, 0))
-            await self._tcp_connect(sock, address, deadline)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            transport, _ = await self._loop.create_connection(
-                lambda: _Side(self, client=False), sock=sock
+            transport = await dial(
+                host,
+                port,
+                source_ip=ctx.settings.outbound_ip,
+                timeout=ctx.settings.relay.timeouts.connect,
+                protocol_factory=lambda: _Side(self, client=False),
+                register=self._register,
             )
         except (OSError, TimeoutError) as exc:
-            if sock is not None:
-                sock.close()
+            if isinstance(exc, OSError) and exc.errno in LOCAL_SHORTAGE:
+                # our fault, not the destination's: 421 4.3.0, not "destination unreachable"
+                self._feed(ev.InternalError(f"cannot open a connection to the MX: {exc}"))
+                return
             reason = "connect timeout" if isinstance(exc, TimeoutError) else str(exc)
             self._feed(ev.ServerConnectFailed(reason or type(exc).__name__))
             return
@@ -429,37 +394,9 @@ class Session:
         source = self._outbound[:2] if self._outbound else ("?", 0)
         self._feed(ev.ServerConnected(format_address(source)))
 
-    async def _tcp_connect(
-        self, sock: socket.socket, address: tuple[str, int], deadline: float
-    ) -> None:
-        """Non-blocking connect without ``loop.sock_connect``, which resolves the address in
-        libuv's thread pool even for IP literals (a thread round trip per connection).
-        Raises ``TimeoutError`` at ``deadline`` (a loop timer, cheaper than a scope)."""
-        err = sock.connect_ex(address)
-        if err in (0, errno.EINPROGRESS):  # the source port is chosen now: register it
-            source = sock.getsockname()
-            pair = (plain_host(source[0]), source[1], plain_host(address[0]), address[1])
-            self._outbound = pair
-            self._ctx.outbound.add(pair)
-        if err == errno.EINPROGRESS:
-            ready: asyncio.Future[None] = self._loop.create_future()
-            fd = sock.fileno()
-            self._loop.add_writer(fd, _set_done, ready)
-            timer = self._loop.call_at(deadline, _set_timed_out, ready)
-            try:
-                await ready
-            finally:
-                timer.cancel()
-                self._loop.remove_writer(fd)
-            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if err:
-            raise OSError(err, os.strerror(err))
-
-    async def _resolve(self, host: str, port: int) -> tuple[int, int, tuple[str, int]]:
-        """Address family and sockaddr of a host name (the resolver, in a thread)."""
-        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, _, proto, _, address = infos[0]
-        return family, proto, (str(address[0]), int(address[1]))
+    def _register(self, pair: tuple[str, int, str, int]) -> None:
+        self._outbound = pair
+        self._ctx.outbound.add(pair)
 
     async def _start_tls(self) -> None:
         server = self._server

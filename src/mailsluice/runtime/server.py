@@ -4,12 +4,19 @@
 state, the listening sockets and the TaskGroup every session task lives in. Shutdown
 (SIGTERM/SIGINT): stop accepting, let transactions in flight finish within the grace
 period (idle clients get ``421 4.3.2``), then end what is left with a 4xx.
+
+Connection caps (``policy.limits``): a connection over the global or the per-client cap is
+refused with a 421 before anything is dialled. At start the soft ``RLIMIT_NOFILE`` is
+raised as far as the global cap needs (two sockets a session); if the hard limit is too
+low, the cap is lowered to what fits and a warning names the fix, so a full proxy answers
+``421 4.3.2`` instead of running out of descriptors.
+
+The accept loop and the open-file budget are in ``runtime.listener``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -21,9 +28,10 @@ from types import TracebackType
 from typing import Any
 
 from mailsluice.config import Settings
-from mailsluice.policy import access
+from mailsluice.policy import access, limits
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
+from mailsluice.runtime.listener import Listener, descriptor_capacity, listening_sockets
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.workers import supervise
@@ -54,6 +62,11 @@ class ProxyContext:
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self.accepting = True
         self.sessions_total = 0
+        self.limits = limits.ConnectionCounts(
+            limits.Caps(settings.max_connections, settings.max_connections_per_client)
+        )
+        self._slots: dict[Session, str] = {}  # admitted session -> its client key
+        self._unclaimed: str | None = None  # slot taken by ``admit`` for the session being made
 
     def new_session_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids):06d}"
@@ -85,22 +98,27 @@ class ProxyContext:
             peer = _plain(sock.getpeername())
             if (*peer, *_plain(destination)) in self.outbound:
                 return access.loop_refusal(self.settings.relay.hostname)
+        host = self.settings.relay.hostname
         if not self.accepting:
-            host = self.settings.relay.hostname
             return Reply.make(421, "4.3.2", f"{host} Service shutting down, try again later")
-        if len(self.sessions) >= self.settings.max_connections:
-            host = self.settings.relay.hostname
-            return Reply.make(421, "4.3.2", f"{host} Error: too many connections, try later")
         allowed = self._allowed_clients.get(client_ip)
         if allowed is None:
             if len(self._allowed_clients) > 4096:
                 self._allowed_clients.clear()
             allowed = access.client_allowed(client_ip, self.settings.allow)
             self._allowed_clients[client_ip] = allowed
-        if not allowed:
-            return access.denied(client_ip, self.settings.relay.hostname)
+        if not allowed:  # a 5xx even when full: a stranger must not retry
+            return access.denied(client_ip, host)
         if access.is_loop(destination, own):
-            return access.loop_refusal(self.settings.relay.hostname)
+            return access.loop_refusal(host)
+        slot = self.limits.acquire(client_ip, host)
+        if isinstance(slot, Reply):
+            return slot
+        # ``Session`` calls ``admit`` while it is being made, then ``start_session``: the
+        # slot is claimed there. One left unclaimed (the session failed to start) is freed.
+        if self._unclaimed is not None:
+            self.limits.release(self._unclaimed)
+        self._unclaimed = slot
         return None
 
     def tls_allowed(self, destination: str, now: float) -> bool:
@@ -112,6 +130,9 @@ class ProxyContext:
         self._tls_memory.record_failure(destination, now)
 
     def start_session(self, session: Session) -> None:
+        if self._unclaimed is not None:
+            self._slots[session] = self._unclaimed
+            self._unclaimed = None
         self.sessions.add(session)
         self.sessions_total += 1
         session.begin()
@@ -120,6 +141,17 @@ class ProxyContext:
 
     def end_session(self, session: Session) -> None:
         self.sessions.discard(session)
+        slot = self._slots.pop(session, None)
+        if slot is not None:
+            self.limits.release(slot)
+
+    def fit_descriptors(self) -> None:
+        """Make room for the global cap in RLIMIT_NOFILE, or lower the cap to what fits."""
+        caps = self.limits.caps
+        capacity = descriptor_capacity(caps.total)
+        if capacity < caps.total:
+            assert self.limits.total == 0, "caps change only before the first connection"
+            self.limits = limits.ConnectionCounts(limits.Caps(capacity, caps.per_client))
 
 
 def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
@@ -136,32 +168,45 @@ class Proxy:
             settings.log, settings.log_queue_limit, process=settings.log_process
         )
         self.context = ProxyContext(settings, self.log_writer)
-        self._servers: list[asyncio.Server] = []
+        self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
 
     @property
     def port(self) -> int:
-        return int(self._servers[0].sockets[0].getsockname()[1])
+        return int(self._listeners[0].sock.getsockname()[1])
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
-        return [sock.getsockname()[:2] for srv in self._servers for sock in srv.sockets]
+        return [listener.sock.getsockname()[:2] for listener in self._listeners]
+
+    def _adopt(self, conn: socket.socket) -> None:
+        """Make a session of an accepted connection (in a task of its own: the transport
+        is set up by a coroutine)."""
+        assert self._group is not None
+        try:
+            self._group.create_task(self._connect_accepted(conn))
+        except RuntimeError:  # the group is closing: we are shutting down
+            conn.close()
+
+    async def _connect_accepted(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            conn.setblocking(False)
+            await loop.connect_accepted_socket(lambda: ClientProtocol(self.context), conn)
+        except Exception as exc:  # one connection must never end the TaskGroup
+            log.warning("cannot set up an accepted connection: %s", exc)
+            conn.close()
 
     async def __aenter__(self) -> Proxy:
-        loop = asyncio.get_running_loop()
         self.log_writer.start()
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         self.context._spawn = self._group.create_task
+        self.context.fit_descriptors()  # before the first connection can arrive
         listen = self.settings.listen
         try:
-            server = await loop.create_server(
-                lambda: ClientProtocol(self.context),
-                listen.host,
-                listen.port,
-                backlog=1024,
-                reuse_address=True,
-                reuse_port=self.settings.workers > 1,
+            socks = await listening_sockets(
+                listen.host, listen.port, reuse_port=self.settings.workers > 1
             )
         except OSError as exc:
             await self._group.__aexit__(None, None, None)
@@ -171,7 +216,8 @@ class Proxy:
                 f"cannot listen on {listen}: {exc.strerror} (is another process "
                 "using it? choose another with --listen)",
             ) from None
-        self._servers.append(server)
+        load = self.context.sessions.__len__
+        self._listeners = [Listener(sock, self._adopt, load) for sock in socks]
         self.context.own_addresses = self.addresses
         log.info("listening on %s (%s)", listen, self._mode())
         return self
@@ -184,8 +230,8 @@ class Proxy:
         """Stop accepting; let sessions finish within ``grace`` seconds; end the rest."""
         grace = self.settings.shutdown_grace if grace is None else grace
         self.context.accepting = False
-        for server in self._servers:
-            server.close()
+        for listener in self._listeners:
+            listener.close()
         sessions = self.context.sessions
         for session in list(sessions):
             session.shutdown(forced=False)
@@ -205,9 +251,6 @@ class Proxy:
             await self.shutdown(grace=0 if exc is not None else None)
         assert self._group is not None
         await self._group.__aexit__(exc_type, exc, tb)
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
         if self._own_writer:
             await asyncio.to_thread(self.log_writer.close)
         if self.log_writer.dropped:
@@ -241,5 +284,9 @@ def _run_one(settings: Settings) -> int:
     try:
         import uvloop
     except ImportError:
+        have_uvloop = False
+    else:
+        have_uvloop = True
+    if not have_uvloop:  # outside the ``except``: errors logged later must not chain to it
         return asyncio.run(serve(settings))
     return int(uvloop.run(serve(settings)))

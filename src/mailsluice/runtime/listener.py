@@ -1,0 +1,157 @@
+"""Listening sockets and the accept loop, and fitting the open-file limit to the caps.
+
+The accept loop is our own (``Listener``), not ``loop.create_server``: when ``accept()``
+fails for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) it stops
+watching the socket and retries after a pause (50 ms doubling to 1 s) while new
+connections wait in the kernel's backlog; sessions in progress go on. uvloop's server
+would instead close the excess unanswered (libuv's spare-descriptor trick) and, once that
+spare is lost, retry ``accept()`` at 100% CPU for as long as the shortage lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import resource
+import socket
+from collections.abc import Callable
+
+from mailsluice.policy import limits
+
+log = logging.getLogger("mailsluice.server")
+
+
+def _fds_in_use() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself opened
+    except OSError:
+        return 64  # not Linux: a guess
+
+
+def descriptor_capacity(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE (up to the hard limit) until ``wanted`` sessions fit;
+    return how many sessions fit. Warns, naming the fix, when that is fewer."""
+    in_use = _fds_in_use()
+    need = limits.fds_needed(wanted, in_use)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    capacity = min(wanted, limits.session_capacity(soft, in_use))
+    if capacity < wanted:
+        log.warning(
+            "open-file limit %d leaves room for %d sessions, not max_connections = %d: "
+            "connections beyond %d get 421 4.3.2. Raise the limit to at least %d "
+            "(ulimit -n, or LimitNOFILE= in the systemd unit) or lower max_connections.",
+            soft, capacity, wanted, capacity, need,
+        )  # fmt: skip
+    return capacity
+
+
+#: accept() errors that concern only the connection being accepted (Linux passes pending
+#: network errors on to accept()): skip that connection, keep accepting. Any other error
+#: (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) pauses accepting.
+_CONNECTION_ERRORS = frozenset({
+    errno.ECONNABORTED, errno.EPROTO, errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN,
+    errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH, errno.EPERM,
+})  # fmt: skip
+_ACCEPT_BATCH = 128  # connections taken per readiness callback (fairness to sessions)
+_PAUSE_FIRST, _PAUSE_MAX = 0.05, 1.0  # seconds without accepting after a failed accept()
+
+
+class Listener:
+    """Accepts on one listening socket, handing each connection to ``adopt``; after a
+    failed ``accept()`` it pauses instead of spinning (see the module docstring)."""
+
+    def __init__(
+        self, sock: socket.socket, adopt: Callable[[socket.socket], None], load: Callable[[], int]
+    ) -> None:
+        self.sock = sock
+        self._adopt = adopt
+        self._load = load  # sessions open, for the warning
+        self._loop = asyncio.get_running_loop()
+        self._fd = sock.fileno()
+        self._pause = _PAUSE_FIRST
+        self._failures = 0  # failed accept() calls since the last success
+        self._retry: asyncio.TimerHandle | None = None
+        self._loop.add_reader(self._fd, self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _CONNECTION_ERRORS:
+                    continue
+                self._stall(exc)
+                return
+            if self._failures:
+                log.warning("accepting again after %d failed accept() calls", self._failures)
+                self._failures, self._pause = 0, _PAUSE_FIRST
+            self._adopt(conn)
+
+    def _stall(self, exc: OSError) -> None:
+        self._loop.remove_reader(self._fd)
+        if not self._failures:
+            fix = (
+                " Raise the open-file limit (ulimit -n, LimitNOFILE=) or lower max_connections."
+                if exc.errno in (errno.EMFILE, errno.ENFILE)
+                else ""
+            )
+            log.warning(
+                "cannot accept connections: %s (%d sessions open); new connections wait in "
+                "the listen backlog, retrying every %g-%g s.%s",
+                exc.strerror or exc, self._load(), _PAUSE_FIRST, _PAUSE_MAX, fix,
+            )  # fmt: skip
+        self._failures += 1
+        self._retry = self._loop.call_later(self._pause, self._resume)
+        self._pause = min(self._pause * 2, _PAUSE_MAX)
+
+    def _resume(self) -> None:
+        self._retry = None
+        self._loop.add_reader(self._fd, self._accept)
+
+    def close(self) -> None:
+        """Stop accepting and close the socket (once: its number may be reused after)."""
+        if self._fd < 0:
+            return
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._loop.remove_reader(self._fd)
+        self._fd = -1
+        self.sock.close()
+
+
+async def listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for every address ``host`` resolves to."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:  # as asyncio: each family its own socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(1024)
+            sock.setblocking(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
