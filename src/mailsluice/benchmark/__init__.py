@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-_USAGE = "usage: mailsluice bench {relay,idle} [options]   (mailsluice bench relay --help)"
+_USAGE = "usage: mailsluice bench {relay,idle,congestion} [options]   (... relay --help)"
 
 
 def main(argv: list[str]) -> int:
@@ -27,5 +27,9 @@ def main(argv: list[str]) -> int:
         from mailsluice.benchmark import idle
 
         return idle.main(rest)
+    if name == "congestion":
+        from mailsluice.benchmark import scenarios
+
+        return scenarios.main(name, rest)
     print(f"mailsluice bench: unknown benchmark {name!r}\n{_USAGE}", file=sys.stderr)
     return 2
