@@ -61,6 +61,8 @@ class Reply:
         return self.code >= 500
 
     def to_bytes(self) -> bytes:
+        if len(self.lines) == 1:  # the usual case, on the relay's hot path
+            return b"%d %s\r\n" % (self.code, self.lines[0])
         code = b"%d" % self.code
         last = len(self.lines) - 1
         return b"".join(
