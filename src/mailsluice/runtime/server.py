@@ -183,9 +183,11 @@ class Proxy:
         """Make a session of an accepted connection (in a task of its own: the transport
         is set up by a coroutine)."""
         assert self._group is not None
+        setup = self._connect_accepted(conn)
         try:
-            self._group.create_task(self._connect_accepted(conn))
+            self._group.create_task(setup)
         except RuntimeError:  # the group is closing: we are shutting down
+            setup.close()
             conn.close()
 
     async def _connect_accepted(self, conn: socket.socket) -> None:

@@ -25,6 +25,7 @@ from types import FrameType
 
 log = logging.getLogger("mailsluice.workers")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def _stop_with_parent(supervisor: int) -> None:
@@ -51,10 +52,14 @@ def supervise(count: int, work: Callable[[], int]) -> int:
         if wait > 0:
             time.sleep(wait)  # crash loop guard: at most one restart a second per worker
         last_start[number] = time.monotonic()
+        # A stop signal must not reach the new worker while it still has the supervisor's
+        # handler (it would run ``forward`` and then serve on): held back across fork().
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             _stop_with_parent(supervisor)
             code = 1
             try:
@@ -63,6 +68,7 @@ def supervise(count: int, work: Callable[[], int]) -> int:
                 sys.stdout.flush()
                 os._exit(code)
         children[pid] = number
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
