@@ -130,6 +130,8 @@ async def test_limited_mx_refuses_connections_over_the_per_client_limit(tmp_path
         assert refused.value.code == 421
         assert "4.7.0" in refused.value.text
         assert mx.refused == 1
+        assert mx.stats()["peak_connections_per_client"] == {"127.0.0.1": 2}
+        assert mx.stats()["connections"] == 2  # the refused one never had a session
         await held[0].quit()
         for _ in range(100):  # the MX notices the QUIT and frees the slot
             if mx.active["127.0.0.1"] < 2:

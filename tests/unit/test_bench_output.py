@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import math
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mailsluice.benchmark.scenarios import plots, report, stats
+from mailsluice.benchmark.scenarios import plots, report, stats, suite
 from mailsluice.benchmark.scenarios.progress import Progress
 from mailsluice.benchmark.scenarios.stats import (
     DELIVERY_FIELDS,
@@ -234,10 +235,38 @@ def test_fairness_and_resources_report_rows(tmp_path: Path) -> None:
     resources = stats.read_resources(_resources_csv(tmp_path / "r.csv"))
     summary = _summary("resources", _fairness_rows(), resources=resources)
     text = report.render(tmp_path, "resources", summary)
-    assert (
-        "| mailsluice | ok | 30 | 20.0 s | 1.5 | 39 % | 24 % | 22.4 MiB | 28.3 KiB | 0 B |" in text
-    )
+    expected = "| mailsluice | ok | 30 | 20.0 s | 1.5 | 39 % | 24 % | - | 22.4 MiB | - | 28.3 KiB |"
+    assert expected in text
     assert "disk bytes written: postfix / mailsluice = 101.72x" in text
+    summary["variants"]["mailsluice"]["resources"].update(cpu_seconds=4.5, private_kib_peak=2048)
+    text = report.render(tmp_path, "resources", summary)
+    assert "| 39 % | 24 % | 4.5 s | 22.4 MiB | 2.0 MiB | 28.3 KiB |" in text
+
+
+def test_fairness_report_shows_the_spread_of_repeated_runs(tmp_path: Path) -> None:
+    summary = _summary("fairness", _fairness_rows())
+    assert "Spread" not in report.render(tmp_path, "fairness", summary)
+    summary["spread"] = {
+        "mailsluice": {
+            "jain_index": {"runs": 3, "min": 0.8, "median": 0.85, "max": 0.9},
+            "slowest_fastest_ratio": {"runs": 3, "min": 1.5, "median": 2.0, "max": 3.1},
+            "completion_s": {"runs": 3, "min": 20.0, "median": 25.0, "max": 31.0},
+        },
+        "postfix": {"jain_index": {"runs": 3, "min": 1.0, "median": 1.0, "max": 1.0}},
+    }
+    text = report.render(tmp_path, "fairness", summary)
+    assert "### Spread over the repeated runs" in text
+    assert (
+        "| mailsluice | 3 | 0.800 / 0.850 / 0.900 | 1.50x / 2.00x / 3.10x | "
+        "20.0 s / 25.0 s / 31.0 s |"
+    ) in text
+    assert "| postfix | 3 | 1.000 / 1.000 / 1.000 | - / - / - | - / - / - |" in text
+
+
+def test_machine_line_names_the_load_at_the_start() -> None:
+    machine = {"nproc": 2, "mem_total": "4026532 kB", "kernel": "Linux 6.1.0", "python": "3.11.2",
+               "loadavg_at_start": [3.456, 2.0, 1.0]}  # fmt: skip
+    assert report.machine_line(machine).endswith("Python 3.11.2, load average 3.46 at the start")
 
 
 def test_report_survives_a_sparse_summary(tmp_path: Path) -> None:
@@ -251,6 +280,34 @@ def test_report_survives_a_sparse_summary(tmp_path: Path) -> None:
     assert " cores, " in text  # this machine, gathered on the spot
     assert ", Python 3." in text
     assert "No variant was measured." in report.render(out, "relay", {})
+
+
+# --- the suite's README ------------------------------------------------------------------------
+
+
+def test_suite_readme_puts_the_headlines_side_by_side(tmp_path: Path) -> None:
+    sent = {v: {"mx1": 20, "mx2": 20, "mx3": 100} for v in ("mailsluice", "postfix")}
+    summaries = {
+        "congestion": _summary("congestion", _congestion_rows(), sent_by_mx=sent, tarpit_mx="mx3"),
+        "fairness": _summary("fairness", _fairness_rows()),
+    }
+    rows = suite.headline_rows(summaries)
+    assert ["congestion", "healthy MX median relay latency", "100.0 ms", "19.1 s", "-"] in rows
+    assert ["fairness", "slowest / fastest tenant", "2.00x", "1.00x", "-"] in rows
+    assert not [row for row in rows if row[0] == "resources"]  # not run: no rows
+    took, status = {"congestion": 500.0, "fairness": 100.0}, {"congestion": 0, "fairness": 1}
+    text = suite.render_readme(summaries, took, "mailsluice bench suite --out X", status)
+    assert "- total time: 600 s (10.0 min)" in text
+    assert "| fairness | Jain's index | " in text
+    assert "- [congestion](congestion/report.md): 500 s (8.3 min), ok;" in text
+    assert "- [fairness](fairness/report.md): 100 s (1.7 min), exit status 1;" in text
+    big, small = tmp_path / "deliveries.csv", tmp_path / "queues.csv"
+    big.write_text("x" * 2000)
+    small.write_text("y" * 10)
+    assert suite.gzip_large(tmp_path, over=1000) == [tmp_path / "deliveries.csv.gz"]
+    assert not big.exists()
+    assert small.exists()
+    assert gzip.decompress((tmp_path / "deliveries.csv.gz").read_bytes()) == b"x" * 2000
 
 
 # --- plots -------------------------------------------------------------------------------------
@@ -277,6 +334,46 @@ def test_plots_write_png_files_from_synthetic_data(tmp_path: Path) -> None:
     _assert_pngs(plots.plot_resources(tmp_path / "r", resources, deliveries), ["resources.png"])
     fairness = _deliveries_csv(tmp_path / "fairness.csv", _fairness_rows())
     _assert_pngs(plots.plot_fairness(tmp_path / "f", fairness), ["fairness.png"])
+
+
+def test_congestion_received_is_a_share_of_what_was_sent(tmp_path: Path) -> None:
+    deliveries = _deliveries_csv(tmp_path / "deliveries.csv", _congestion_rows())
+    sent = {v: {"mx1": 20, "mx2": 20, "mx3": 100} for v in ("mailsluice", "postfix")}
+    [received, *_] = plots.plot_congestion(tmp_path, deliveries, None, sent=sent,
+                                           mx_roles={"mx3": "tarpit"})  # fmt: skip
+    assert received.name == "congestion_received.png"
+    assert received.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_fairness_plot_lays_repeats_out_in_rows(tmp_path: Path) -> None:
+    rows = _fairness_rows()
+    again = [Delivery(f"{r.variant}#2", r.scenario, r.tenant, r.mx, r.message_id + "b",
+                      r.sent_at, r.received_at + 1, r.latency_s + 1) for r in rows]  # fmt: skip
+    one = plots.plot_fairness(tmp_path / "one", _deliveries_csv(tmp_path / "1.csv", rows))
+    two = plots.plot_fairness(tmp_path / "two", _deliveries_csv(tmp_path / "2.csv", rows + again))
+    assert [p.name for p in two] == ["fairness.png"]
+    # one row of panels for one run, two rows for two: the figure is twice as tall
+    assert _png_size(two[0])[1] == 2 * _png_size(one[0])[1]
+    assert _png_size(two[0])[0] == _png_size(one[0])[0]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_resource_plot_draws_private_memory_when_the_column_is_there(tmp_path: Path) -> None:
+    plain = _resources_csv(tmp_path / "r.csv")
+    richer = tmp_path / "r2.csv"
+    lines = plain.read_text().splitlines()
+    richer.write_text("\n".join([lines[0] + ",private_kib,processes",
+                                 *(line + ",1000,3" for line in lines[1:])]) + "\n")  # fmt: skip
+    samples = stats.read_resources(richer)
+    assert {s.private_kib for s in samples} == {1000.0}
+    assert {s.private_kib for s in stats.read_resources(plain)} == {None}
+    deliveries = _deliveries_csv(tmp_path / "d.csv", _fairness_rows())
+    [png] = plots.plot_resources(tmp_path / "out", richer, deliveries)
+    assert png.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_plots_of_an_empty_run_write_nothing(tmp_path: Path) -> None:

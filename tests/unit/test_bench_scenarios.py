@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mailsluice.benchmark.scenarios import cli
+from mailsluice.benchmark.scenarios.cli import (
+    delivery_rows,
+    exit_status,
+    labelled,
+    msa_peaks,
+    write_queues,
+)
+from mailsluice.benchmark.scenarios.fairness import from_release, spread, spreads, t0
+from mailsluice.benchmark.scenarios.fairness import parse_args as fairness_args
 from mailsluice.benchmark.scenarios.measures import (
     Received,
     Submitted,
@@ -14,17 +29,44 @@ from mailsluice.benchmark.scenarios.measures import (
     ratio,
     variant_figures,
 )
-from mailsluice.benchmark.scenarios.mx import MxSpec, bench_headers, specs_from_json, specs_to_json
-from mailsluice.benchmark.scenarios.postfix import PostfixSpec, main_cf
-from mailsluice.benchmark.scenarios.runner import CsvTail, read_received, read_submitted
+from mailsluice.benchmark.scenarios.mx import (
+    Mx,
+    MxSpec,
+    Recorder,
+    bench_headers,
+    specs_from_json,
+    specs_to_json,
+)
+from mailsluice.benchmark.scenarios.postfix import HOLD_ALL, PostfixSpec, main_cf
+from mailsluice.benchmark.scenarios.procstat import (
+    CLK_TCK,
+    TreeSampler,
+    cpu_percent,
+    descendants,
+    parse_keyed,
+    parse_stat,
+    parse_statm,
+    update_parents,
+)
+from mailsluice.benchmark.scenarios.resources import cpu_seconds, parse_bursts
+from mailsluice.benchmark.scenarios.resources import parse_args as resources_args
+from mailsluice.benchmark.scenarios.runner import (
+    CsvTail,
+    VariantRun,
+    read_received,
+    read_submitted,
+)
 from mailsluice.benchmark.scenarios.schedule import (
     Batch,
     Plan,
+    bursts_plan,
     congestion_plan,
+    fairness_plan,
     message_ids,
     rounds_plan,
 )
 from mailsluice.benchmark.scenarios.smtpclient import dot_stuff
+from mailsluice.benchmark.scenarios.stats import Delivery, ordered_variants, split_label
 from mailsluice.benchmark.scenarios.tenant import domain_of, make_message
 
 pytestmark = pytest.mark.unit
@@ -204,3 +246,198 @@ def test_read_submitted_counts_refusals(tmp_path: Path) -> None:
     accepted, refused = read_submitted(path)
     assert [s.message_id for s in accepted] == ["a"]
     assert refused == 1
+
+
+# -- the fairness and resources loads -----------------------------------------------------------
+
+
+def test_fairness_plan_every_tenant_sends_n_to_one_mx_at_once() -> None:
+    plan = fairness_plan(messages=1000)
+    assert plan.per_tenant() == {1: 1000, 2: 1000, 3: 1000}
+    assert plan.per_mx() == {"mx1": 3000}
+    assert plan.duration() == 0.0
+    assert fairness_plan(messages=5, tenants=2, mx="mx9").per_mx() == {"mx9": 10}
+    with pytest.raises(ValueError, match="at least 1"):
+        fairness_plan(messages=0)
+
+
+def test_bursts_plan_grows_and_sends_each_tenant_to_its_own_mx() -> None:
+    plan = bursts_plan(bursts=(100, 300, 1000), interval=10.0)
+    assert plan.per_tenant() == {1: 1400, 2: 1400, 3: 1400}
+    assert plan.per_mx() == {"mx1": 1400, "mx2": 1400, "mx3": 1400}
+    assert [(b.at, b.count) for b in plan.for_tenant(2).batches] == [
+        (0.0, 100), (10.0, 300), (20.0, 1000)
+    ]  # fmt: skip
+    assert {b.mx for b in plan.for_tenant(3).batches} == {"mx3"}
+    for bad in ((), (100, 0)):
+        with pytest.raises(ValueError, match="bursts"):
+            bursts_plan(bursts=bad, interval=1)
+
+
+def test_parse_bursts_and_cpu_seconds() -> None:
+    assert parse_bursts("100,300,1000") == (100, 300, 1000)
+    for bad in ("", "100,,3", "1e3", "5,-1"):
+        with pytest.raises(ValueError, match="--bursts"):
+            parse_bursts(bad)
+    # 50 % for 2 s, then 100 % for 1 s: 2 CPU seconds (the first sample has no interval)
+    rows = [(10.0, 0.0, 1, 0, 0, 1, 1), (12.0, 50.0, 1, 0, 0, 1, 1), (13.0, 100.0, 1, 0, 0, 1, 1)]
+    assert cpu_seconds(rows) == pytest.approx(2.0)
+    assert cpu_seconds(rows[:1]) == 0.0
+
+
+def test_spread_of_a_figure_over_runs() -> None:
+    assert spread([0.9, None, 0.7, 0.8]) == {"runs": 3, "min": 0.7, "median": 0.8, "max": 0.9,
+                                             "max_over_min": 1.286}  # fmt: skip
+    assert spread([2.0, 4.0])["median"] == 3.0
+    assert spread([None])["runs"] == 0
+    grouped = spreads({
+        "mailsluice": {"fairness": {"jain_index": 0.8, "completion_s": 30.0}},
+        "mailsluice#2": {"fairness": {"jain_index": 0.9, "completion_s": 20.0}},
+        "postfix": {"fairness": {"jain_index": 1.0}},
+    })  # fmt: skip
+    assert grouped["mailsluice"]["jain_index"]["runs"] == 2
+    assert grouped["mailsluice"]["completion_s"]["max"] == 30.0
+    assert grouped["postfix"]["completion_s"]["runs"] == 0
+
+
+def test_fairness_clock_starts_at_the_release() -> None:
+    rows = [Delivery("postfix", "fairness", "1", "mx1", "a", 90.0, 103.0, 13.0),
+            Delivery("postfix", "fairness", "1", "mx1", "b", 101.0, 104.0, 3.0),
+            Delivery("direct", "fairness", "1", "mx1", "c", 90.0, 95.0, 5.0)]  # fmt: skip
+    moved = from_release(rows, "postfix", 100.0)
+    assert [(d.message_id, d.sent_at, d.latency_s) for d in moved] == [
+        ("a", 100.0, 3.0), ("b", 101.0, 3.0)
+    ]  # fmt: skip
+    assert t0(_run("postfix", released_at=100.0)) == 100.0
+    assert t0(_run("postfix")) == 100.0  # not held: the first batch (started_at)
+    assert t0(_run("postfix", started_at=50.0)) == 50.0
+
+
+def test_run_labels_and_split_label() -> None:
+    runs = [_run("mailsluice"), _run("postfix"), _run("mailsluice"), _run("mailsluice")]
+    assert list(labelled(runs)) == ["mailsluice", "postfix", "mailsluice#2", "mailsluice#3"]
+    assert split_label("postfix#2") == ("postfix", 2)
+    assert split_label("postfix") == ("postfix", 1)
+    assert split_label("odd#name#x") == ("odd#name#x", 1)
+    assert ordered_variants(["direct", "mailsluice#2", "postfix", "mailsluice", "zeta"]) == [
+        "mailsluice", "mailsluice#2", "postfix", "direct", "zeta"
+    ]  # fmt: skip
+
+
+def _run(variant: str, **fields: object) -> VariantRun:
+    values: dict[str, Any] = {"status": "ok", "note": "", "started_at": 100.0,
+                              "injection_s": 0.0, "wall_s": 1.0, **fields}  # fmt: skip
+    return VariantRun(variant=variant, **values)
+
+
+def test_delivery_rows_keep_first_arrivals_and_exit_status() -> None:
+    received = (Received("mx1", 2, "b", 100.0, 103.0), Received("mx1", 1, "a", 100.0, 101.5),
+                Received("mx1", 1, "a", 100.0, 109.0))  # fmt: skip
+    rows = delivery_rows("fairness", "postfix#2", _run("postfix", received=received))
+    assert rows == [
+        ("postfix#2", "fairness", 1, "mx1", "a", "100.000000", "101.500000", "1.500000"),
+        ("postfix#2", "fairness", 2, "mx1", "b", "100.000000", "103.000000", "3.000000"),
+    ]
+    assert exit_status(None) == 130
+    assert exit_status([]) == 1
+    assert exit_status([_run("postfix"), _run("direct", status="incomplete")]) == 1
+    assert exit_status([_run("postfix")]) == 0
+
+
+def test_write_queues_and_msa_peaks(tmp_path: Path) -> None:
+    msa = (("t1", 0.0, 5, 0, 0), ("t1", 1.0, 2, 2, 7), ("t2", 0.0, 1, 0, 0))
+    run = _run("postfix", queues=((0.0, 1, 2, 3),), msa_queues=msa)
+    path = write_queues(tmp_path, {"postfix": run, "direct": _run("direct")})
+    assert path is not None
+    assert path.read_text().splitlines() == ["variant,t,active,incoming,deferred",
+                                             "postfix,0.0,1,2,3"]  # fmt: skip
+    assert (tmp_path / "msa_queues.csv").read_text().count("\n") == 4
+    assert msa_peaks(run) == {"t1": 11, "t2": 1}
+    assert write_queues(tmp_path / "none", {"direct": _run("direct")}) is None
+
+
+def test_common_options_resolve_variants_and_refuse_nonsense(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = cli.parser("fairness", "test")
+    args = cli.parse(parser, ["--via", "postfix, direct", "--out", "x"])
+    assert isinstance(args, argparse.Namespace)
+    assert args.variants == ("postfix", "direct")
+    assert args.argv == ["--via", "postfix, direct", "--out", "x"]
+    everything = cli.parse(cli.parser("fairness", "test"), [])
+    assert isinstance(everything, argparse.Namespace)
+    assert everything.variants == ("mailsluice", "postfix", "direct")
+    assert cli.parse(cli.parser("fairness", "test"), ["--via", "nginx"]) == 2
+    assert "unknown variant(s) ['nginx']" in capsys.readouterr().err
+    assert cli.parse(cli.parser("fairness", "test"), [], lambda a: "--limit: too small") == 2
+    assert "--limit: too small" in capsys.readouterr().err
+
+
+def test_scenario_options_are_checked() -> None:
+    assert fairness_args(["--messages", "0"]) == 2
+    assert fairness_args(["--backoff", "0.5"]) == 2
+    parsed = resources_args(["--bursts", "10,20", "--scale", "2.5"])
+    assert isinstance(parsed, argparse.Namespace)
+    assert parsed.burst_counts == (25, 50)
+    assert resources_args(["--bursts", "x"]) == 2
+
+
+# -- the aggregation point's processes ------------------------------------------------------------
+
+
+def test_parse_stat_counts_fields_after_the_command_name() -> None:
+    fields = ["S", "77", "1", "1", "0", "-1", "4194560", "10", "0", "0", "0", "120", "30",
+              "7", "3", "20", "0", "1", "0", "555", "1000", "250"]  # fmt: skip
+    line = "4242 (a) (b c) " + " ".join(fields) + " 18446744073709551615 1 1 0"
+    assert parse_stat(line) == (77, 120 + 30 + 7 + 3, 250)
+    with pytest.raises(ValueError, match="stat"):
+        parse_stat("4242 (short) S 1 2")
+    assert parse_statm("1000 300 120 5 0 200 0\n") == (300, 180)
+    io_text = "rchar: 10\nread_bytes: 4096\nwrite_bytes: 8192\ncancelled_write_bytes: 0\n"
+    assert parse_keyed(io_text, "read_bytes", "write_bytes", "absent") == (4096, 8192, 0)
+
+
+def test_descendants_follow_the_tree_from_live_roots_only() -> None:
+    parents = {1: 0, 10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 21: 20}
+    assert descendants([10], parents) == {10, 11, 12, 13}
+    assert descendants([10, 99], parents) == {10, 11, 12, 13}  # 99 is gone
+    assert descendants([], parents) == set()
+    assert cpu_percent(100, 100 + CLK_TCK, 2.0) == pytest.approx(50.0)
+    assert cpu_percent(100, 90, 1.0) == 0.0  # a process left: never negative
+    assert cpu_percent(0, 10, 0.0) == 0.0
+
+
+def test_tree_sampler_measures_this_process_and_its_child(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        now = [1000.0]
+        sampler = TreeSampler(lambda: [os.getpid()], clock=lambda: now[0])
+        first = sampler.sample()
+        assert first is not None
+        assert first[0] == 1000.0
+        assert first[1] == 0.0  # no interval yet
+        assert first[6] >= 2  # this process and the child (and any other child)
+        assert first[2] > first[5] > 0  # RSS above private memory
+        sum(range(3_000_000))  # some CPU for the second sample
+        now[0] = 1001.0
+        second = sampler.sample()
+        assert second is not None
+        assert second[1] > 0
+        assert TreeSampler(lambda: [2**22 + 12345]).sample() is None  # no such process
+        parents = update_parents({}, [os.getpid(), child.pid])
+        assert parents[child.pid] == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_mx_stats_and_the_msa_hold_setting(tmp_path: Path) -> None:
+    mx = Mx(MxSpec("mx1", "127.0.0.1", kind="limited", limit=2), Recorder("mx1", tmp_path / "d"))
+    mx.peak["10.0.0.1"] = 2
+    mx.refused, mx.connections, mx.queued = 3, 5, 4
+    assert mx.stats() == {"connections": 5, "accepted_messages": 4, "refused_421": 3,
+                          "peak_connections_per_client": {"10.0.0.1": 2}}  # fmt: skip
+    mx.recorder.close()
+    held = main_cf(PostfixSpec(name="t1", root=tmp_path, listen="10.253.1.2", mynetworks="x",
+                               settings=HOLD_ALL))  # fmt: skip
+    assert "smtpd_client_restrictions = check_client_access static:HOLD\n" in held

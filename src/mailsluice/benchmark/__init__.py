@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import sys
 
-_USAGE = "usage: mailsluice bench {relay,idle,congestion} [options]   (... relay --help)"
+_USAGE = (
+    "usage: mailsluice bench {relay,idle,congestion,resources,fairness,suite} [options]"
+    "   (... relay --help)"
+)
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +30,7 @@ def main(argv: list[str]) -> int:
         from mailsluice.benchmark import idle
 
         return idle.main(rest)
-    if name == "congestion":
+    if name in ("congestion", "resources", "fairness", "suite"):
         from mailsluice.benchmark import scenarios
 
         return scenarios.main(name, rest)

@@ -14,8 +14,10 @@ address. Kinds (see :class:`MxSpec`):
 Every accepted message becomes one CSV row in ``DIR/deliveries-<mx>.csv``:
 ``mx, tenant, message_id, sent_at, received_at``; ``sent_at``, the tenant and the id come
 from the ``X-Bench-Sent``, ``X-Bench-Tenant`` and ``X-Bench-Id`` headers the tenant put
-in, ``received_at`` is when the MX answered 250 to end-of-data. Bounded: every read has
-a deadline, lines and messages a size cap, and the process exits after ``--max-seconds``.
+in, ``received_at`` is when the MX answered 250 to end-of-data. At exit,
+``DIR/mx-stats.json`` gives per MX the sessions, the 421 refusals and the peak concurrent
+connections per client. Bounded: every read has a deadline, lines and messages a size
+cap, and the process exits after ``--max-seconds``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ READ_TIMEOUT = 120.0  # seconds a client may stay silent
 LINE_LIMIT = 8192
 MESSAGE_LIMIT = 10 * 1024 * 1024
 CSV_HEADER = ("mx", "tenant", "message_id", "sent_at", "received_at")
+STATS_NAME = "mx-stats.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +122,19 @@ class Mx:
         self.spec = spec
         self.recorder = recorder
         self.active: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()  # the most concurrent connections per client
+        self.connections = 0
         self.refused = 0
         self.queued = 0
+
+    def stats(self) -> dict[str, object]:
+        """What ends up in ``mx-stats.json``: sessions, 421 refusals, peak per client."""
+        return {
+            "connections": self.connections,
+            "accepted_messages": self.queued,
+            "refused_421": self.refused,
+            "peak_connections_per_client": dict(sorted(self.peak.items())),
+        }
 
     async def _reply(self, writer: asyncio.StreamWriter, text: str, extra: float = 0.0) -> None:
         delay = (self.spec.delay if self.spec.kind == "tarpit" else 0.0) + extra
@@ -139,6 +153,8 @@ class Mx:
                 await writer.drain()
                 return
             self.active[peer] += 1
+            self.connections += 1
+            self.peak[peer] = max(self.peak[peer], self.active[peer])
             try:
                 await self._dialogue(reader, writer)
             finally:
@@ -215,9 +231,11 @@ async def serve(specs: list[MxSpec], out_dir: Path, max_seconds: float) -> int:
     stop = stop_event()
     recorders = [Recorder(spec.name, out_dir / f"deliveries-{spec.name}.csv") for spec in specs]
     servers: list[asyncio.Server] = []
+    mxes: list[Mx] = []
     try:
         for spec, recorder in zip(specs, recorders, strict=True):
             mx = Mx(spec, recorder)
+            mxes.append(mx)
             servers.append(await asyncio.start_server(
                 mx.session, spec.host, spec.port, backlog=1024, limit=LINE_LIMIT,
                 reuse_address=True,
@@ -234,6 +252,7 @@ async def serve(specs: list[MxSpec], out_dir: Path, max_seconds: float) -> int:
             server.close()
         for recorder in recorders:
             recorder.close()
+        (out_dir / STATS_NAME).write_text(json.dumps({mx.spec.name: mx.stats() for mx in mxes}))
     return 0
 
 

@@ -36,6 +36,7 @@ from mailsluice.benchmark.scenarios.stats import (
     read_deliveries,
     read_queues,
     read_resources,
+    split_label,
     tenant_label,
 )
 
@@ -110,19 +111,42 @@ def _panels(n: int) -> tuple[Figure, list[Axes]]:
     return fig, list(grid[0])
 
 
+def _grid(labels: Sequence[str]) -> tuple[Figure, dict[str, Axes]]:
+    """One panel per run label, sharing both axes: a column per variant, a row per repeat
+    (``postfix#2``, see `stats.split_label`)."""
+    columns = list(dict.fromkeys(split_label(label)[0] for label in labels))
+    rows = max(split_label(label)[1] for label in labels)
+    fig = Figure(figsize=(PANEL_SIZE[0] * len(columns), PANEL_SIZE[1] * rows), dpi=DPI,
+                 layout="constrained")  # fmt: skip
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, len(columns), sharex=True, sharey=True, squeeze=False)
+    out: dict[str, Axes] = {}
+    for label in labels:
+        base, repeat = split_label(label)
+        out[label] = axes[repeat - 1][columns.index(base)]
+    for row in axes:
+        for ax in row:
+            if ax not in out.values():
+                ax.set_visible(False)
+    return fig, out
+
+
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
 
 
-def _cumulative(ax: Axes, times: Sequence[float], t0: float, **style: Any) -> None:
-    """A step curve of how many of ``times`` happened by each moment, from (0, 0)."""
+def _cumulative(
+    ax: Axes, times: Sequence[float], t0: float, scale: float = 1.0, **style: Any
+) -> None:
+    """A step curve of how many of ``times`` happened by each moment (times ``scale``),
+    from (0, 0)."""
     ordered = sorted(t - t0 for t in times)
     keep = _thin(len(ordered), MAX_CURVE_POINTS)
     ax.plot(
         [0.0, *(ordered[i] for i in keep)],
-        [0, *(i + 1 for i in keep)],
+        [0, *((i + 1) * scale for i in keep)],
         drawstyle="steps-post",
         **style,
     )
@@ -147,10 +171,13 @@ def plot_congestion(
     *,
     starts: Mapping[str, float] | None = None,
     mx_roles: Mapping[str, str] | None = None,
+    sent: Mapping[str, Mapping[str, int]] | None = None,
 ) -> list[Path]:
     """congestion_received.png, congestion_latency.png, congestion_queues.png (if queued).
 
-    ``mx_roles`` adds a role to an MX's legend label, e.g. {"mx3": "tarpit"}.
+    ``mx_roles`` adds a role to an MX's legend label, e.g. {"mx3": "tarpit"}. ``sent``
+    ({variant: {mx: messages sent}}) is what the received curves are a percentage of (so an
+    MX that got 60 and one that got 6,000 share the axis); without it, of those received.
     """
     deliveries = read_deliveries(deliveries_csv)
     queues = read_queues(queues_csv) if queues_csv is not None and queues_csv.exists() else []
@@ -170,10 +197,19 @@ def plot_congestion(
     fig, grid = _panels(len(variants))
     for ax, v in zip(grid, variants, strict=True):
         for mx in sorted({d.mx for d in by_variant[v]}):
-            times = [d.received_at for d in by_variant[v] if d.mx == mx]
-            _cumulative(ax, times, t0[v], color=colours[mx], label=f"{names[mx]}: {len(times)}")
-        _style(ax, f"{scenario} via {v}: received per MX", _X_LABEL, "messages received")
-    fig.suptitle(f"{scenario}: cumulative messages received per MX")
+            rows = [d for d in by_variant[v] if d.mx == mx]
+            total = (sent or {}).get(v, {}).get(mx) or len(rows)
+            scale = 100 / total
+            _cumulative(ax, [d.received_at for d in rows], t0[v], scale=scale,
+                        color=colours[mx], label=f"{names[mx]}: {len(rows)}/{total}")  # fmt: skip
+            if len(rows) == total:  # every message arrived: the sent curve is known too
+                dashed = {"linestyle": "--", "linewidth": 0.8, "alpha": 0.6}
+                _cumulative(ax, [d.sent_at for d in rows], t0[v], scale=scale,
+                            color=colours[mx], **dashed)  # fmt: skip
+        ax.set_ylim(0, 105)
+        _style(ax, f"{scenario} via {v}: received per MX", _X_LABEL, "received (% of sent)")
+    fig.suptitle(f"{scenario}: cumulative messages received per MX, in % of those sent to it "
+                 "(dashed: sent)")  # fmt: skip
     written.append(_save(fig, out_dir / "congestion_received.png"))
 
     fig, grid = _panels(len(variants))
@@ -245,6 +281,11 @@ def plot_resources(
             style = {"color": colours[v], "label": v}
             cpu.plot(x, [s.cpu_percent for s in mine], **style)
             rss.plot(x, [s.rss_kib / 1024 for s in mine], **style)
+            private = [(xi, s.private_kib / 1024) for xi, s in zip(x, mine, strict=True)
+                       if s.private_kib is not None]  # fmt: skip
+            if private:
+                rss.plot(*zip(*private, strict=True), color=colours[v], linestyle="--",
+                         label=f"{v}: private")  # fmt: skip
             written = cumulative_increase([s.write_bytes for s in mine])
             disk.plot(x, [b / 2**20 for b in written], **style)
         if by_variant.get(v):
@@ -256,7 +297,8 @@ def plot_resources(
                 label=f"{v} ({len(by_variant[v])})",
             )
     _style(cpu, "CPU of the aggregation point (process tree)", "", "CPU (%)")
-    _style(rss, "memory of the aggregation point", "", "RSS (MiB)")
+    _style(rss, "memory of the aggregation point (solid: RSS; dashed: private, i.e. RSS minus "
+           "shared pages)", "", "MiB")  # fmt: skip
     _style(disk, "disk writes of the aggregation point", "", "written since start (MiB)")
     _style(done, "messages delivered to the MX servers", _X_LABEL, "messages received")
     fig.suptitle(f"{scenario}: resource use, {' vs '.join(variants)}")
@@ -287,8 +329,8 @@ def plot_fairness(
     t0 = _starts(variants, deliveries, [], starts)
     colours = _colours(d.tenant for d in deliveries)
     scenario = _scenario(deliveries)
-    fig, grid = _panels(len(variants))
-    for ax, v in zip(grid, variants, strict=True):
+    fig, grid = _grid(variants)
+    for v, ax in grid.items():
         summary = fairness_summary(by_variant[v], v, start=t0[v])
         for tenant, entry in summary["tenants"].items():
             times = [d.received_at for d in by_variant[v] if d.tenant == tenant]

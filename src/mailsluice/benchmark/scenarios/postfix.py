@@ -21,7 +21,7 @@ import pwd
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,8 @@ FAST_RETRY: Mapping[str, str] = {
     "maximal_backoff_time": "2s",
 }
 QUEUES = ("active", "incoming", "deferred")
+# An MSA setting that puts every accepted message on hold (released by release_held).
+HOLD_ALL: Mapping[str, str] = {"smtpd_client_restrictions": "check_client_access static:HOLD"}
 
 
 class PostfixError(RuntimeError):
@@ -203,3 +205,26 @@ class PostfixInstance:
         for pid in self.processes():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def release_held(instances: Sequence[PostfixInstance], timeout: float = 60.0) -> None:
+    """Release the held mail of every instance at once: ``postsuper -H ALL`` (hold ->
+    deferred) in all of them concurrently, then ``postqueue -f`` (deliver now) likewise."""
+    for program, args in (("postsuper", ("-H", "ALL")), ("postqueue", ("-f",))):
+        path = find_program(program) or program
+        argvs = [inst.ns.cmd(path, "-c", str(inst.etc), *args) for inst in instances]
+        procs = [
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for argv in argvs
+        ]
+        for inst, proc in zip(instances, procs, strict=True):
+            try:
+                output, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                proc.kill()
+                proc.wait()
+                what = f"{program} in {inst.spec.name}"
+                raise PostfixError(f"{what}: no exit in {timeout:.0f} s") from exc
+            if proc.returncode != 0:
+                raise PostfixError(f"{program} {' '.join(args)} in {inst.spec.name} failed: "
+                                   f"{output.decode(errors='replace').strip()[-400:]}")  # fmt: skip

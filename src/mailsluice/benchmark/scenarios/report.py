@@ -92,7 +92,7 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = [
         "| " + " | ".join(_cell(h) for h in header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
@@ -175,7 +175,9 @@ HEADLINES: dict[str, list[Column]] = {
         ("msg/s", _figure("deliveries", "throughput_msg_per_s", fmt=_rate)),
         ("peak CPU", _figure("resources", "cpu_percent_peak", fmt=_percent)),
         ("mean CPU", _figure("resources", "cpu_percent_mean", fmt=_percent)),
+        ("CPU time", _figure("resources", "cpu_seconds")),
         ("peak RSS", _figure("resources", "rss_kib_peak", fmt=_kib)),
+        ("peak private memory", _figure("resources", "private_kib_peak", fmt=_kib)),
         ("disk written", _figure("resources", "write_bytes", fmt=nbytes)),
         ("disk read", _figure("resources", "read_bytes", fmt=nbytes)),
     ],
@@ -200,11 +202,41 @@ COMPARISONS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "congestion": [("healthy MX median relay latency", ("congestion", "healthy_latency_median_s"))],
     "resources": [
         ("completion time", ("deliveries", "completion_s")),
+        ("CPU time", ("resources", "cpu_seconds")),
         ("disk bytes written", ("resources", "write_bytes")),
-        ("peak RSS", ("resources", "rss_kib_peak")),
+        ("peak private memory", ("resources", "private_kib_peak")),
     ],
     "fairness": [("completion time", ("fairness", "completion_s"))],
 }
+
+
+_SPREAD_FIGURES: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("Jain's index", "jain_index", lambda v: _fixed(v, ".3f")),
+    ("slowest / fastest", "slowest_fastest_ratio", lambda v: _fixed(v, ".2f", "x")),
+    ("completion", "completion_s", seconds),
+]
+
+
+def _spread(summary: Mapping[str, Any]) -> list[str]:
+    """The spread of figures over repeated runs, from summary["spread"] = {variant: {figure:
+    {runs, min, median, max}}} (the fairness scenario's ``--repeat``); nothing for one run."""
+    spread = summary.get("spread")
+    if not isinstance(spread, Mapping):
+        return []
+    rows, most = [], 0.0
+    for variant, figures in spread.items():
+        runs = max((_num(_get(figures, key, "runs")) or 0.0) for _, key, _ in _SPREAD_FIGURES)
+        most = max(most, runs)
+        cells = [
+            " / ".join(fmt(_get(figures, key, k)) for k in ("min", "median", "max"))
+            for _, key, fmt in _SPREAD_FIGURES
+        ]
+        rows.append([variant, f"{runs:.0f}", *cells])
+    if most <= 1:
+        return []
+    labels = [f"{label} (min / median / max)" for label, _, _ in _SPREAD_FIGURES]
+    header = ["variant", "runs", *labels]
+    return ["", "### Spread over the repeated runs", "", *table(header, rows)]
 
 
 def _detail(scenario: str, variants: Mapping[str, Any]) -> list[str]:
@@ -242,7 +274,7 @@ def _detail(scenario: str, variants: Mapping[str, Any]) -> list[str]:
         "median latency",
         "p95 latency",
     ]
-    return ["", f"### Per {label}", "", *_table(header, rows)]
+    return ["", f"### Per {label}", "", *table(header, rows)]
 
 
 def _comparisons(scenario: str, variants: Mapping[str, Any]) -> list[str]:
@@ -280,7 +312,7 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def _machine_line(machine: Mapping[str, Any]) -> str:
+def machine_line(machine: Mapping[str, Any]) -> str:
     cores = machine.get("nproc", machine.get("cores"))
     usable = machine.get("usable_cpus")
     parts = [
@@ -297,13 +329,35 @@ def _machine_line(machine: Mapping[str, Any]) -> str:
         kernel = f"{words[0]} {words[2]}" if len(words) > 2 else None
     parts.append(str(kernel or machine.get("platform") or "kernel unknown"))
     parts.append(f"Python {machine.get('python', '?')}")
+    load = machine.get("loadavg_at_start")
+    if isinstance(load, list | tuple) and load and _num(load[0]) is not None:
+        parts.append(f"load average {float(load[0]):.2f} at the start")
     return ", ".join(parts)
+
+
+def _variants(summary: Mapping[str, Any]) -> Mapping[str, Any]:
+    raw = summary.get("variants")
+    return raw if isinstance(raw, Mapping) else {}
+
+
+def results(scenario: str, summary: Mapping[str, Any]) -> list[str]:
+    """The headline table (one row per variant) and the ratios, as Markdown lines."""
+    variants = _variants(summary)
+    if not variants:
+        return ["No variant was measured."]
+    columns = _COMMON + HEADLINES.get(scenario, _GENERIC)
+    rows = [
+        [name, *(fn(e if isinstance(e, Mapping) else {}) for _, fn in columns)]
+        for name, e in variants.items()
+    ]
+    return table(["variant", *(label for label, _ in columns)], rows) + _comparisons(
+        scenario, variants
+    )
 
 
 def render(out_dir: Path, scenario: str, summary: Mapping[str, Any]) -> str:
     """The report's Markdown text (see the module docstring for ``summary``)."""
-    raw = summary.get("variants")
-    variants: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    variants = _variants(summary)
     command = summary.get("command")
     if isinstance(command, list | tuple):
         command = " ".join(str(word) for word in command)
@@ -313,7 +367,7 @@ def render(out_dir: Path, scenario: str, summary: Mapping[str, Any]) -> str:
         f"# mailsluice bench: {scenario}",
         "",
         f"- command: `{command or 'not recorded'}`",
-        f"- machine: {_machine_line(facts)}",
+        f"- machine: {machine_line(facts)}",
     ]
     for key in ("started_at", "topology"):
         if summary.get(key):
@@ -321,22 +375,14 @@ def render(out_dir: Path, scenario: str, summary: Mapping[str, Any]) -> str:
     parameters = summary.get("parameters")
     if isinstance(parameters, Mapping) and parameters:
         lines.append("- parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
-    lines += ["", "## Results", ""]
-    if not variants:
-        lines.append("No variant was measured.")
-    else:
-        columns = _COMMON + HEADLINES.get(scenario, _GENERIC)
-        rows = [
-            [name, *(fn(e if isinstance(e, Mapping) else {}) for _, fn in columns)]
-            for name, e in variants.items()
-        ]
-        lines += _table(["variant", *(label for label, _ in columns)], rows)
-        lines += _comparisons(scenario, variants)
+    lines += ["", "## Results", "", *results(scenario, summary), *_spread(summary)]
+    if variants:
         lines += _detail(scenario, variants)
     pngs = sorted(p.name for p in out_dir.glob("*.png")) if out_dir.is_dir() else []
     if pngs:
         lines += ["", "## Plots", ""]
-        lines += [f"![{name}]({name})\n" for name in pngs]
+        for name in pngs:
+            lines += [f"![{name}]({name})", ""]
     notes = summary.get("notes")
     if isinstance(notes, list | tuple) and notes:
         lines += ["", "## Notes", "", *(f"- {note}" for note in notes)]

@@ -5,14 +5,19 @@
 behind iptables REDIRECT; or a Postfix relay the MSAs use as relayhost), one MSA per
 tenant (a private Postfix instance, or the simulated MSA inside the tenant process) and
 the tenant injectors (:mod:`.tenant`); then it watches the MX servers' CSV files (live
-progress per MX; the Postfix relay's queue lengths every second) until every message a
-tenant's MSA accepted has reached its MX, or the deadline passes. Everything it started
-is stopped and the namespaces deleted when it returns, also on Ctrl-C or an error.
+progress per MX; the Postfix queues' lengths every second; with ``sample_every``, the
+aggregation point's CPU, memory and disk I/O, see :mod:`.procstat`) until every message a
+tenant's MSA accepted has reached its MX, or the deadline passes. With ``hold``, the
+Postfix MSAs put the injected mail on hold and the runner releases it in all of them at
+once when every tenant is through (``released_at``). Everything it started is stopped
+and the namespaces deleted when it returns, also on Ctrl-C or an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import itertools
 import json
 import sys
 import time
@@ -24,8 +29,9 @@ from typing import Any
 
 from mailsluice.benchmark.scenarios import postfix, topology
 from mailsluice.benchmark.scenarios.measures import Received, Submitted
-from mailsluice.benchmark.scenarios.mx import MxSpec, specs_to_json
+from mailsluice.benchmark.scenarios.mx import STATS_NAME, MxSpec, specs_to_json
 from mailsluice.benchmark.scenarios.postfix import PostfixInstance, PostfixSpec
+from mailsluice.benchmark.scenarios.procstat import ResourceRow, TreeSampler
 from mailsluice.benchmark.scenarios.progress import Progress
 from mailsluice.benchmark.scenarios.schedule import Plan
 from mailsluice.benchmark.scenarios.tenant import domain_of
@@ -50,9 +56,13 @@ class RunConfig:
     workdir: Path
     deadline_s: float  # from t = 0 (the first batch) until the run is cut off
     relay_settings: Mapping[str, str] = field(default_factory=dict)
+    msa_settings: Mapping[str, str] = field(default_factory=dict)  # every Postfix MSA
     mailsluice_workers: int = 1
     size: int = 1024
     startup_s: float = 3.0  # t = 0 is this long after the tenants were started
+    parallel: int = 4  # submission connections per tenant (Postfix MSAs)
+    hold: bool = False  # Postfix MSAs hold the mail until every tenant is through, then release
+    sample_every: float = 0.0  # s between samples of the aggregation point's processes (0: off)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,8 @@ class VariantRun:
     queues: tuple[QueueRow, ...] = ()  # relay: (t, active, incoming, deferred)
     msa_queues: tuple[MsaQueueRow, ...] = ()  # the Postfix MSAs' queues, every second
     left_in_queues: dict[str, int] = field(default_factory=dict)  # instance -> messages at end
+    resources: tuple[ResourceRow, ...] = ()  # the aggregation point's processes (procstat)
+    released_at: float | None = None  # epoch when held mail was released (cfg.hold)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -148,6 +160,35 @@ class _Live:
         self.tenants: list[Process] = []
         self.relay: PostfixInstance | None = None
         self.instances: dict[str, PostfixInstance] = {}
+        self.proxy: Process | None = None
+
+    def agg_roots(self) -> list[int]:
+        """The root processes of the aggregation point (none for ``direct``)."""
+        if self.proxy is not None:
+            return [self.proxy.popen.pid]
+        return [self.relay.master_pid] if self.relay is not None and self.relay.master_pid else []
+
+
+class _Recording:
+    """What the watch loop samples while a variant runs."""
+
+    def __init__(self) -> None:
+        self.queues: list[QueueRow] = []
+        self.msa_queues: list[MsaQueueRow] = []
+        self.resources: list[ResourceRow] = []
+        self.released_at: float | None = None
+        self.sample_costs: list[float] = []  # seconds each resource sample took
+
+    def sampler_info(self) -> dict[str, Any]:
+        """How regular the resource samples were, and what taking them cost."""
+        if not self.sample_costs:
+            return {}
+        times = [row[0] for row in self.resources]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        return {"samples": len(self.resources),
+                "cost_mean_ms": round(1000 * sum(self.sample_costs) / len(self.sample_costs), 1),
+                "cost_max_ms": round(1000 * max(self.sample_costs), 1),
+                "interval_max_s": round(max(gaps), 2) if gaps else None}  # fmt: skip
 
 
 def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_Live, float]:
@@ -168,6 +209,7 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
                  "--workers", str(cfg.mailsluice_workers)]  # fmt: skip
         proxy = start_proxy(stack, topo.agg, serve, PROXY_PORT, work / "mailsluice.out")
         live.vital.append(("mailsluice serve", proxy))
+        live.proxy = proxy
         print(f"  interception: {' '.join(rule)}", file=sys.stderr)
     elif cfg.variant == "postfix":
         spec = PostfixSpec(name="relay", root=work / "postfix-relay", listen="all",
@@ -178,18 +220,20 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
         live.relay.start()
         live.instances["relay"] = live.relay
     pending: list[tuple[Namespace, list[str]]] = []
+    msa_settings = {"in_flow_delay": "0", **(postfix.HOLD_ALL if cfg.hold else {}),
+                    **cfg.msa_settings}  # fmt: skip
     for number, ns in enumerate(topo.tenants, start=1):
         gateway = topo.agg_tenant_ips[number - 1] if cfg.variant == "postfix" else None
         argv = [*_python_module("tenant"), "--tenant", str(number), "--plan", cfg.plan.to_json(),
                 "--out", str(work / f"submitted-t{number}.csv"), "--size", str(cfg.size),
-                "--max-seconds", str(max_s)]  # fmt: skip
+                "--max-seconds", str(max_s), "--parallel", str(cfg.parallel)]  # fmt: skip
         if cfg.msa == "postfix":
             ip = topo.tenant_ips[number - 1]
             msa = PostfixInstance(ns, PostfixSpec(
                 name=f"t{number}", root=work / f"postfix-t{number}", listen=ip,
                 mynetworks="127.0.0.0/8 10.253.0.0/16",
                 relayhost=f"[{gateway}]:25" if gateway else None,
-                transport={} if gateway else hops, settings={"in_flow_delay": "0"},
+                transport={} if gateway else hops, settings=msa_settings,
             ))  # fmt: skip
             stack.callback(msa.stop)
             msa.start()
@@ -206,48 +250,69 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     return live, start_at
 
 
-def _watch(
-    cfg: RunConfig, live: _Live, start_at: float, msa_queues: list[MsaQueueRow]
-) -> tuple[str, str, list[QueueRow]]:
-    """Follow the run until every accepted message arrived, or the deadline.
+def _release(live: _Live, recording: _Recording) -> None:
+    """Release the mail every MSA holds, all at once; t = 0 of the fairness figures."""
+    msas = [inst for name, inst in live.instances.items() if inst is not live.relay]
+    recording.released_at = time.time()
+    postfix.release_held(msas)
+    print(f"  released the held mail of {len(msas)} MSAs in "
+          f"{time.time() - recording.released_at:.2f} s", file=sys.stderr)  # fmt: skip
 
-    Returns (status, note, the relay's queue samples); appends the MSAs' to ``msa_queues``.
+
+def _sample(live: _Live, recording: _Recording, start_at: float) -> None:
+    t = round(time.time() - start_at, 3)
+    for name, instance in live.instances.items():
+        if instance is live.relay:
+            recording.queues.append((t, *instance.queue_counts()))
+        else:
+            recording.msa_queues.append((name, t, *instance.queue_counts()))
+
+
+def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) -> tuple[str, str]:
+    """Follow the run until every accepted message arrived, or the deadline: (status, note).
+
+    Samples the queues every second and the aggregation point's processes every
+    ``cfg.sample_every`` s into ``recording``; releases held mail once every tenant is through.
     """
     mx_dir = cfg.workdir / "mx"
     tails = {spec.name: CsvTail(mx_dir / f"deliveries-{spec.name}.csv") for spec in cfg.mx}
     arrived: dict[str, set[str]] = {name: set() for name in tails}
-    queues: list[QueueRow] = []
-    next_sample = start_at
+    next_queue = next_resource = start_at
     deadline = start_at + cfg.deadline_s
     markers = [cfg.workdir / f"submitted-t{n}.csv.done" for n in cfg.plan.tenants()]
+    sampler = TreeSampler(live.agg_roots) if cfg.sample_every > 0 else None
+    accepted: set[str] | None = None  # the ids the MSAs accepted, once every tenant is through
     with Progress(cfg.plan.per_mx()) as progress:
         while True:
             now = time.time()
+            if sampler is not None and now >= next_resource:
+                row = sampler.sample()
+                recording.sample_costs.append(time.time() - now)
+                if row is not None:
+                    recording.resources.append(row)
+                next_resource = max(next_resource + cfg.sample_every, now)
             for name, tail in tails.items():
                 arrived[name].update(row[2] for row in tail.new_rows() if len(row) == 5)
             progress.update({name: len(ids) for name, ids in arrived.items()})
-            if now >= next_sample:
-                t = round(now - start_at, 3)
-                for name, instance in live.instances.items():
-                    if instance is live.relay:
-                        queues.append((t, *instance.queue_counts()))
-                    else:
-                        msa_queues.append((name, t, *instance.queue_counts()))
-                next_sample += 1.0
+            if now >= next_queue:
+                _sample(live, recording, start_at)
+                next_queue += 1.0
             crashed = [p for p in live.tenants if p.popen.poll() not in (None, 0)]
             for what, proc in [*live.vital, *(("a tenant process", p) for p in crashed)]:
                 if proc.popen.poll() is not None:
                     output = proc.output()[-600:]
-                    return "failed", f"{what} exited {proc.popen.returncode}: {output}", queues
-            if all(marker.exists() for marker in markers):
-                accepted: set[str] = set()
+                    return "failed", f"{what} exited {proc.popen.returncode}: {output}"
+            if accepted is None and all(marker.exists() for marker in markers):
+                if cfg.hold and cfg.msa == "postfix":
+                    _release(live, recording)
+                accepted = set()  # every tenant is through: its CSV is complete
                 for number in cfg.plan.tenants():
                     rows, _ = read_submitted(cfg.workdir / f"submitted-t{number}.csv")
                     accepted.update(row.message_id for row in rows)
-                if accepted <= set().union(*arrived.values()):
-                    return "ok", "", queues
+            if accepted is not None and accepted <= set().union(*arrived.values()):
+                return "ok", ""
             if now > deadline:
-                return "incomplete", f"deadline of {cfg.deadline_s:.0f} s reached", queues
+                return "incomplete", f"deadline of {cfg.deadline_s:.0f} s reached"
             time.sleep(POLL_S)
 
 
@@ -258,8 +323,7 @@ def run_variant(cfg: RunConfig) -> VariantRun:
     cfg.workdir.chmod(0o755)
     start_at = time.time()
     status, note = "failed", ""
-    queues: list[QueueRow] = []
-    msa_queues: list[MsaQueueRow] = []
+    recording = _Recording()
     left: dict[str, int] = {}
     try:
         with ExitStack() as stack:
@@ -267,7 +331,7 @@ def run_variant(cfg: RunConfig) -> VariantRun:
                 topology.build(len(cfg.plan.tenants()), [spec.name for spec in cfg.mx])
             )
             live, start_at = _start(cfg, topo, stack)
-            status, note, queues = _watch(cfg, live, start_at, msa_queues)
+            status, note = _watch(cfg, live, start_at, recording)
             left = {name: sum(inst.queue_counts()) for name, inst in live.instances.items()}
     except (NetnsError, postfix.PostfixError, OSError) as exc:
         status, note = "failed", str(exc)
@@ -277,6 +341,11 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         rows, refused = read_submitted(cfg.workdir / f"submitted-t{number}.csv")
         submitted += rows
         rejected += refused
+    info: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        info["mx_stats"] = json.loads((cfg.workdir / "mx" / STATS_NAME).read_text())
+    if recording.sample_costs:
+        info["sampler"] = recording.sampler_info()
     received: list[Received] = []
     for spec in cfg.mx:
         received += read_received(cfg.workdir / "mx" / f"deliveries-{spec.name}.csv")
@@ -286,6 +355,7 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         variant=cfg.variant, status=status, note=note, started_at=start_at,
         injection_s=cfg.plan.duration(), wall_s=round(time.monotonic() - began, 1),
         submitted=tuple(submitted), received=tuple(received), rejected=rejected,
-        queues=tuple(queues), msa_queues=tuple(msa_queues),
-        left_in_queues={k: v for k, v in left.items() if v},
+        queues=tuple(recording.queues), msa_queues=tuple(recording.msa_queues),
+        resources=tuple(recording.resources), released_at=recording.released_at,
+        left_in_queues={k: v for k, v in left.items() if v}, info=info,
     )  # fmt: skip

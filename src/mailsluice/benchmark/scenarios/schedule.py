@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -108,6 +108,27 @@ def congestion_plan(*, rounds: int, interval: float, a: int, ratio: int) -> Plan
         interval=interval,
         sends={1: ("mx1", a), 2: ("mx2", a), 3: ("mx3", ratio * a)},
     )
+
+
+def fairness_plan(*, messages: int, tenants: int = 3, mx: str = "mx1") -> Plan:
+    """The study's fairness load: every tenant sends ``messages`` to the same MX at t = 0."""
+    if messages < 1 or tenants < 1:
+        raise ValueError("messages and tenants must be at least 1")
+    return Plan(tuple(Batch(0.0, tenant, mx, messages) for tenant in range(1, tenants + 1)))
+
+
+def bursts_plan(*, bursts: Sequence[int], interval: float, tenants: int = 3) -> Plan:
+    """The study's resource load: growing bursts, ``interval`` s apart; tenant t sends to mx<t>.
+
+    Burst k (k = 0, 1, ...) of ``bursts[k]`` messages per tenant starts at ``k * interval``.
+    """
+    if not bursts or any(count < 1 for count in bursts) or tenants < 1 or interval < 0:
+        raise ValueError("bursts must be positive counts, tenants at least 1, interval >= 0")
+    return Plan(tuple(
+        Batch(round(k * interval, 6), tenant, f"mx{tenant}", count)
+        for k, count in enumerate(bursts)
+        for tenant in range(1, tenants + 1)
+    ))  # fmt: skip
 
 
 def message_ids(tenant: int, index: int, count: int) -> list[str]:

@@ -10,7 +10,8 @@ CSV formats (header row; times are epoch seconds as floats):
   ``received_at - sent_at``);
 - queues.csv (Postfix relay only): ``variant,t,active,incoming,deferred``;
 - resources.csv: ``variant,t,cpu_percent,rss_kib,read_bytes,write_bytes`` (the
-  aggregation point's process tree; read/write bytes cumulative).
+  aggregation point's process tree; read/write bytes cumulative), optionally
+  ``private_kib`` (resident minus shared memory) and more columns, which are ignored.
 
 Group summaries (per variant, per MX, per tenant) have the keys ``count``,
 ``first_sent``, ``first_received``, ``last_received``, ``completion_s`` (last received -
@@ -29,16 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-DELIVERY_FIELDS = (
-    "variant",
-    "scenario",
-    "tenant",
-    "mx",
-    "message_id",
-    "sent_at",
-    "received_at",
-    "latency_s",
-)
+DELIVERY_FIELDS = ("variant", "scenario", "tenant", "mx", "message_id", "sent_at",
+                   "received_at", "latency_s")  # fmt: skip
 QUEUE_FIELDS = ("variant", "t", "active", "incoming", "deferred")
 RESOURCE_FIELDS = ("variant", "t", "cpu_percent", "rss_kib", "read_bytes", "write_bytes")
 VARIANT_ORDER = ("mailsluice", "postfix", "direct")
@@ -80,13 +73,27 @@ class ResourceSample:
     rss_kib: float
     read_bytes: float
     write_bytes: float
+    private_kib: float | None = None  # optional column: RSS minus shared pages
+
+
+def split_label(label: str) -> tuple[str, int]:
+    """A run's label -> (variant, repeat): ``postfix#2`` -> ("postfix", 2), ``postfix`` -> 1."""
+    base, sep, number = label.rpartition("#")
+    if sep and base and number.isdigit() and int(number) >= 1:
+        return base, int(number)
+    return label, 1
 
 
 def ordered_variants(names: Iterable[str]) -> list[str]:
-    """Distinct variant names: mailsluice, postfix, direct first, then the rest sorted."""
-    distinct = set(names)
-    known = [name for name in VARIANT_ORDER if name in distinct]
-    return known + sorted(distinct - set(VARIANT_ORDER))
+    """Distinct variant labels: mailsluice, postfix, direct first, then the rest sorted; the
+    repeats of a variant (``mailsluice#2``, see :func:`split_label`) right after it."""
+
+    def key(label: str) -> tuple[int, str, int]:
+        base, repeat = split_label(label)
+        rank = VARIANT_ORDER.index(base) if base in VARIANT_ORDER else len(VARIANT_ORDER)
+        return rank, base, repeat
+
+    return sorted(set(names), key=key)
 
 
 def tenant_label(tenant: str) -> str:
@@ -380,18 +387,8 @@ def read_deliveries(path: Path) -> list[Delivery]:
         sent = _number(path, line, row, "sent_at")
         received = _number(path, line, row, "received_at")
         latency = _number(path, line, row, "latency_s") if row["latency_s"] else received - sent
-        out.append(
-            Delivery(
-                row["variant"],
-                row["scenario"],
-                row["tenant"],
-                row["mx"],
-                row["message_id"],
-                sent,
-                received,
-                latency,
-            )
-        )
+        names = (row["variant"], row["scenario"], row["tenant"], row["mx"], row["message_id"])
+        out.append(Delivery(*names, sent, received, latency))
     return out
 
 
@@ -409,7 +406,9 @@ def read_queues(path: Path) -> list[QueueSample]:
 
 def read_resources(path: Path) -> list[ResourceSample]:
     """Load resources.csv; ValueError naming the file and line on a bad row."""
-    return [
-        ResourceSample(row["variant"], *(_number(path, line, row, k) for k in RESOURCE_FIELDS[1:]))
-        for line, row in _read(path, RESOURCE_FIELDS)
-    ]
+    out = []
+    for line, row in _read(path, RESOURCE_FIELDS):
+        t, cpu, rss, read, write = (_number(path, line, row, k) for k in RESOURCE_FIELDS[1:])
+        private = _number(path, line, row, "private_kib") if row.get("private_kib") else None
+        out.append(ResourceSample(row["variant"], t, cpu, rss, read, write, private))
+    return out
