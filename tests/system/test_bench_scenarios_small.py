@@ -1,8 +1,10 @@
-"""``mailsluice bench fairness`` and ``resources``: tiny runs end to end, and the suite's wiring.
+"""``mailsluice bench fairness`` and ``resources``: tiny runs end to end, the suite's wiring,
+and the parts that read this machine's /proc or a Postfix spool.
 
 The end-to-end tests need root (network namespaces, iptables) and Postfix (the tenants'
 MSAs hold the fairness load until it is released at once); they skip otherwise. The
-suite test replaces the three scenarios with stand-ins, so it runs anywhere.
+suite test replaces the three scenarios with stand-ins, so it runs anywhere, as do the
+process-tree sampler (this process and a child) and the parked-mail check (a fake spool).
 """
 
 from __future__ import annotations
@@ -10,13 +12,20 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mailsluice.benchmark.scenarios import fairness, postfix, resources, suite, topology
+from mailsluice.benchmark.scenarios import cli, fairness, postfix, resources, suite, topology
+from mailsluice.benchmark.scenarios.postfix import PostfixInstance, PostfixSpec
+from mailsluice.benchmark.scenarios.procstat import TreeSampler, update_parents
+from mailsluice.benchmark.scenarios.runner import VariantRun
+from mailsluice.netns import Namespace
 
 
 def _require_root_and_postfix() -> None:
@@ -124,3 +133,52 @@ def test_suite_runs_each_scenario_into_its_directory_and_writes_the_readme(
     assert suite.main(["--out", str(tmp_path / "again")]) == 130
     assert not (tmp_path / "again" / "README.md").exists()
     assert calls == []
+
+
+# -- this machine's /proc and a Postfix spool, without root ----------------------------------------
+
+
+def test_tree_sampler_measures_this_process_and_its_child(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        now = [1000.0]
+        sampler = TreeSampler(lambda: [os.getpid()], clock=lambda: now[0])
+        first = sampler.sample()
+        assert first is not None
+        assert first[0] == 1000.0
+        assert first[1] == 0.0  # no interval yet
+        assert first[6] >= 2  # this process and the child (and any other child)
+        assert first[2] > first[5] > 0  # RSS above private memory
+        sum(range(3_000_000))  # some CPU for the second sample
+        now[0] = 1001.0
+        second = sampler.sample()
+        assert second is not None
+        assert second[1] > 0
+        assert TreeSampler(lambda: [2**22 + 12345]).sample() is None  # no such process
+        parents = update_parents({}, [os.getpid(), child.pid])
+        assert parents[child.pid] == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_parked_mail_is_found_by_its_future_time_stamp_and_noted(tmp_path: Path) -> None:
+    instance = PostfixInstance(Namespace("none"), PostfixSpec("relay", tmp_path, "all", "x"))
+    assert instance.parked() == 0  # no spool at all
+    incoming = tmp_path / "spool" / "incoming"
+    incoming.mkdir(parents=True)
+    for name, ahead in (("A1", 60.0), ("B2", 0.0), ("C3", 59.0)):
+        (incoming / name).write_text("queue file")
+        when = time.time() + ahead
+        os.utime(incoming / name, (when, when))
+    assert instance.parked() == 2  # A1 and C3; B2 is being written or waits for the qmgr
+    flushed = {"parked_and_flushed": [{"t": 12.3, "instance": "relay", "messages": 2}]}
+    [note] = cli.parked_note({"postfix": _run("postfix", info=flushed), "direct": _run("direct")})
+    assert "parked 2 message(s) (postfix: relay at 12 s)" in note
+    assert cli.parked_note({"direct": _run("direct")}) == []
+
+
+def _run(variant: str, **fields: Any) -> VariantRun:
+    values: dict[str, Any] = {"status": "ok", "note": "", "started_at": 100.0,
+                              "injection_s": 0.0, "wall_s": 1.0, **fields}  # fmt: skip
+    return VariantRun(variant=variant, **values)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +37,11 @@ from mailsluice.benchmark.scenarios.mx import (
 from mailsluice.benchmark.scenarios.postfix import HOLD_ALL, PostfixSpec, main_cf
 from mailsluice.benchmark.scenarios.procstat import (
     CLK_TCK,
-    TreeSampler,
     cpu_percent,
     descendants,
     parse_keyed,
     parse_stat,
     parse_statm,
-    update_parents,
 )
 from mailsluice.benchmark.scenarios.resources import cpu_seconds, parse_bursts
 from mailsluice.benchmark.scenarios.resources import parse_args as resources_args
@@ -405,30 +400,6 @@ def test_descendants_follow_the_tree_from_live_roots_only() -> None:
     assert cpu_percent(100, 100 + CLK_TCK, 2.0) == pytest.approx(50.0)
     assert cpu_percent(100, 90, 1.0) == 0.0  # a process left: never negative
     assert cpu_percent(0, 10, 0.0) == 0.0
-
-
-def test_tree_sampler_measures_this_process_and_its_child(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        now = [1000.0]
-        sampler = TreeSampler(lambda: [os.getpid()], clock=lambda: now[0])
-        first = sampler.sample()
-        assert first is not None
-        assert first[0] == 1000.0
-        assert first[1] == 0.0  # no interval yet
-        assert first[6] >= 2  # this process and the child (and any other child)
-        assert first[2] > first[5] > 0  # RSS above private memory
-        sum(range(3_000_000))  # some CPU for the second sample
-        now[0] = 1001.0
-        second = sampler.sample()
-        assert second is not None
-        assert second[1] > 0
-        assert TreeSampler(lambda: [2**22 + 12345]).sample() is None  # no such process
-        parents = update_parents({}, [os.getpid(), child.pid])
-        assert parents[child.pid] == os.getpid()
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_mx_stats_and_the_msa_hold_setting(tmp_path: Path) -> None:

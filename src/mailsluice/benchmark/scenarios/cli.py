@@ -297,8 +297,28 @@ def variant_facts(run: VariantRun) -> dict[str, Any]:
     }  # fmt: skip
 
 
+PARKED_NOTE = (
+    "Postfix's queue manager parked {count} message(s) ({where}): a deferred message it "
+    "found still locked by a delivery agent goes to the incoming queue for 60 s "
+    "(qmgr_active_defer), a race of the 1 s deferred-queue scans under load; the bench "
+    "flushed them at once (postqueue -f), see parked_and_flushed in summary.json"
+)
+
+
+def parked_note(runs: Mapping[str, VariantRun]) -> list[str]:
+    """A note when the runner flushed mail a Postfix queue manager had parked."""
+    where = [f"{label}: {item['instance']} at {item['t']:.0f} s" for label, run in runs.items()
+             for item in run.info.get("parked_and_flushed", ())]  # fmt: skip
+    count = sum(item["messages"] for run in runs.values()
+                for item in run.info.get("parked_and_flushed", ()))  # fmt: skip
+    return [PARKED_NOTE.format(count=count, where="; ".join(where))] if where else []
+
+
 def summary_head(
-    scenario: str, args: argparse.Namespace, parameters: Mapping[str, Any]
+    scenario: str,
+    args: argparse.Namespace,
+    parameters: Mapping[str, Any],
+    runs: Mapping[str, VariantRun],
 ) -> dict[str, Any]:
     """command, started_at, machine, topology, parameters, notes for summary.json."""
     common = {"msa": args.msa_used, "size": args.size, "deadline_s": args.deadline_s,
@@ -309,7 +329,7 @@ def summary_head(
         "machine": args.machine,
         "topology": f"{TOPOLOGY}; MSAs: {args.msa_used}",
         "parameters": {**parameters, **common},
-        "notes": args.notes,
+        "notes": [*args.notes, *parked_note(runs)],
     }
 
 

@@ -90,7 +90,11 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
         "tarpit_delay_s": args.tarpit_delay, "tarpit_data_delay_s": args.tarpit_data_delay,
         "qmgr_message_active_limit": args.active_limit,
     }  # fmt: skip
-    return {**measured, **cli.summary_head(SCENARIO, args, parameters), "comparison": comparison}
+    return {
+        **measured,
+        **cli.summary_head(SCENARIO, args, parameters, runs),
+        "comparison": comparison,
+    }
 
 
 def _outputs(args: argparse.Namespace, runs: dict[str, VariantRun]) -> Path:

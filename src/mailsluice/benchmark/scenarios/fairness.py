@@ -141,7 +141,7 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
                   "limit_per_client": args.limit, "repeat": args.repeat,
                   "submission_connections": args.parallel, "backoff_s": args.backoff,
                   "release": "held in the MSAs, then at once"}  # fmt: skip
-    head = cli.summary_head(SCENARIO, args, parameters)
+    head = cli.summary_head(SCENARIO, args, parameters, runs)
     head["notes"] = [*explanations(args.backoff), *head["notes"]]
     return {**measured, **head, "spread": by_variant, "comparison": comparison}
 

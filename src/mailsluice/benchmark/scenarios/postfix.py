@@ -180,6 +180,21 @@ class PostfixInstance:
         counts = [count_files(self.spool / name) for name in QUEUES]
         return counts[0], counts[1], counts[2]
 
+    def parked(self) -> int:
+        """Messages the queue manager parked in the incoming queue with a time stamp in the
+        future: it found them still locked by a delivery agent (qmgr_active_defer, 60 s)."""
+        now = time.time()
+        count = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.spool / "incoming"):
+                with contextlib.suppress(OSError):
+                    count += entry.is_file() and entry.stat().st_mtime > now + 1
+        return count
+
+    def flush(self) -> None:
+        """``postqueue -f``: deliver everything queued now, time stamps ignored."""
+        release_held([self], commands=(("postqueue", ("-f",)),))
+
     def processes(self) -> list[int]:
         """This instance's processes (their working directory is under its root)."""
         root = str(self.spec.root)
@@ -207,10 +222,17 @@ class PostfixInstance:
                 os.kill(pid, signal.SIGKILL)
 
 
-def release_held(instances: Sequence[PostfixInstance], timeout: float = 60.0) -> None:
+RELEASE = (("postsuper", ("-H", "ALL")), ("postqueue", ("-f",)))
+
+
+def release_held(
+    instances: Sequence[PostfixInstance],
+    timeout: float = 60.0,
+    commands: Sequence[tuple[str, tuple[str, ...]]] = RELEASE,
+) -> None:
     """Release the held mail of every instance at once: ``postsuper -H ALL`` (hold ->
     deferred) in all of them concurrently, then ``postqueue -f`` (deliver now) likewise."""
-    for program, args in (("postsuper", ("-H", "ALL")), ("postqueue", ("-f",))):
+    for program, args in commands:
         path = find_program(program) or program
         argvs = [inst.ns.cmd(path, "-c", str(inst.etc), *args) for inst in instances]
         procs = [

@@ -383,6 +383,7 @@ def render(out_dir: Path, scenario: str, summary: Mapping[str, Any]) -> str:
         lines += ["", "## Plots", ""]
         for name in pngs:
             lines += [f"![{name}]({name})", ""]
+        lines.pop()
     notes = summary.get("notes")
     if isinstance(notes, list | tuple) and notes:
         lines += ["", "## Notes", "", *(f"- {note}" for note in notes)]

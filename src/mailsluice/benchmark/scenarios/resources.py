@@ -135,7 +135,7 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
     parameters = {"bursts_per_tenant": list(args.burst_counts), "interval_s": args.interval,
                   "tenants": 3, "sample_every_s": args.sample_every,
                   "submission_connections": args.parallel}  # fmt: skip
-    head = cli.summary_head(SCENARIO, args, parameters)
+    head = cli.summary_head(SCENARIO, args, parameters, runs)
     head["notes"] = [*EXPLANATIONS, *head["notes"]]
     return {**measured, **head, "comparison": comparison}
 

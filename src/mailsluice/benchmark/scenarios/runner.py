@@ -178,6 +178,7 @@ class _Recording:
         self.resources: list[ResourceRow] = []
         self.released_at: float | None = None
         self.sample_costs: list[float] = []  # seconds each resource sample took
+        self.flushed: list[dict[str, Any]] = []  # parked mail flushed: t, instance, messages
 
     def sampler_info(self) -> dict[str, Any]:
         """How regular the resource samples were, and what taking them cost."""
@@ -260,12 +261,17 @@ def _release(live: _Live, recording: _Recording) -> None:
 
 
 def _sample(live: _Live, recording: _Recording, start_at: float) -> None:
+    """The queues of every Postfix instance; flush the mail a queue manager parked."""
     t = round(time.time() - start_at, 3)
     for name, instance in live.instances.items():
         if instance is live.relay:
             recording.queues.append((t, *instance.queue_counts()))
         else:
             recording.msa_queues.append((name, t, *instance.queue_counts()))
+        parked = instance.parked()
+        if parked:  # it would wait 60 s, and then for the next incoming-queue scan
+            instance.flush()
+            recording.flushed.append({"t": t, "instance": name, "messages": parked})
 
 
 def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) -> tuple[str, str]:
@@ -280,7 +286,7 @@ def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) 
     next_queue = next_resource = start_at
     deadline = start_at + cfg.deadline_s
     markers = [cfg.workdir / f"submitted-t{n}.csv.done" for n in cfg.plan.tenants()]
-    sampler = TreeSampler(live.agg_roots) if cfg.sample_every > 0 else None
+    sampler = TreeSampler(live.agg_roots) if cfg.sample_every > 0 and live.agg_roots() else None
     accepted: set[str] | None = None  # the ids the MSAs accepted, once every tenant is through
     with Progress(cfg.plan.per_mx()) as progress:
         while True:
@@ -346,6 +352,8 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         info["mx_stats"] = json.loads((cfg.workdir / "mx" / STATS_NAME).read_text())
     if recording.sample_costs:
         info["sampler"] = recording.sampler_info()
+    if recording.flushed:
+        info["parked_and_flushed"] = recording.flushed
     received: list[Received] = []
     for spec in cfg.mx:
         received += read_received(cfg.workdir / "mx" / f"deliveries-{spec.name}.csv")

@@ -55,6 +55,13 @@ HEADLINES: tuple[tuple[str, str, tuple[str, ...], Callable[[Any], str]], ...] = 
 )  # fmt: skip
 
 
+FAIRNESS_CAUTION = (
+    "fairness: first come, first served is a race, so one run's Jain's index and "
+    "slowest/fastest ratio vary widely from run to run; for a baseline, run "
+    "`mailsluice bench fairness --via all --repeat 5` (its report gives min/median/max)"
+)
+
+
 def _memory(entry: Mapping[str, Any]) -> str:
     rss, private = entry.get("rss_kib_peak"), entry.get("private_kib_peak")
     if rss is None:
@@ -118,6 +125,8 @@ def render_readme(
         lines.append(f"- [{scenario}]({scenario}/report.md): {report.seconds(took[scenario])}, "
                      f"{outcome}; parameters: {_parameters(summaries.get(scenario))}")  # fmt: skip
     notes = [f"{s}: {n}" for s, summary in summaries.items() for n in summary.get("notes") or []]
+    if "fairness" in summaries:
+        notes.insert(0, FAIRNESS_CAUTION)
     if notes:
         lines += ["", "## Notes", "", *(f"- {note}" for note in notes)]
     lines += ["", "## Rerun", "", "```", command, "```", "",
