@@ -31,6 +31,7 @@ class Transaction:
     accepted: list[str] = field(default_factory=list)
     mail_accepted: bool = False
     size: int = 0
+    params: tuple[str, ...] = ()  # ESMTP parameters of MAIL FROM, as sent
 
 
 class Account:
@@ -92,8 +93,12 @@ class Account:
         if self.connect_to_354_ms is None:
             self.connect_to_354_ms = round((now - self.opened_at) * 1000.0, 3)
 
-    def start_transaction(self, address: bytes, now: float) -> None:
-        self.transaction = Transaction(started_at=now, mail_from=_text(address))
+    @property
+    def transactions_done(self) -> int:
+        return self._txn_seq
+
+    def start_transaction(self, address: bytes, now: float, params: tuple[str, ...] = ()) -> None:
+        self.transaction = Transaction(started_at=now, mail_from=_text(address), params=params)
 
     def add_recipient(self, address: bytes) -> None:
         if self.transaction is not None:

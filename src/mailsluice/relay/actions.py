@@ -60,6 +60,36 @@ class TlsBroken:
     """TLS to this destination failed: remember it so the next attempt goes plaintext."""
 
 
+@dataclass(frozen=True, slots=True)
+class SpoolData:
+    """Filter mode: keep these message bytes (canonical, dot-stuffing already removed)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    """Filter mode: the message is complete; run the filters, answer ``FilterDecided``."""
+
+    transaction: int  # number of this transaction in the session, from 1
+    mail_from: str
+    rcpt_to: tuple[str, ...]  # the recipients the MX accepted
+    mail_params: tuple[str, ...]
+    helo: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SendSpooled:
+    """Filter mode: the MX said 354; send the (filtered) message, dot-stuffed, then ".".
+
+    The relay does not see these bytes; the reply to end-of-data is awaited as usual."""
+
+
+@dataclass(frozen=True, slots=True)
+class DropSpool:
+    """Filter mode: the message will not be relayed; forget what was spooled."""
+
+
 Action = (
     SendToClient
     | SendToServer
@@ -70,4 +100,8 @@ Action = (
     | SetTimer
     | Log
     | TlsBroken
+    | SpoolData
+    | RunFilters
+    | SendSpooled
+    | DropSpool
 )

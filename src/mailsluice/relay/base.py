@@ -60,6 +60,10 @@ class RelayBase:
         self._timer: tuple[float, bool] = (0.0, False)  # the last SetTimer: seconds, on_server
         self._now = now
         self._out: list[act.Action] = []
+        # filter mode (``filtermode``)
+        self._filtering = False  # the filters' verdict is awaited
+        self._spool_line_start = True  # the last spooled chunk ended a line
+        self._upstream_at = now  # last exchange with the MX (the keepalive's clock)
 
     # ----------------------------------------------------------------- public API
     @property
@@ -83,9 +87,18 @@ class RelayBase:
         """Act on the reply now known for the FIFO head (``session.Relay``)."""
         raise NotImplementedError
 
+    def _decide_data(self, entry: Pending) -> None:
+        """Filter mode: set our reply to DATA (``filtermode``)."""
+        raise NotImplementedError
+
     def _flush(self) -> None:
         pending = self._pending
-        while pending and pending[0].reply is not None and self._phase is not Phase.CLOSED:
+        while pending and self._phase is not Phase.CLOSED:
+            head = pending[0]
+            if head.reply is None:
+                if head.purpose is not Purpose.LOCAL_DATA:
+                    return
+                self._decide_data(head)  # our own DATA reply is due only at the head
             self._complete(pending.popleft())
             if self._phase is Phase.TLS_HANDSHAKE:
                 return
@@ -224,6 +237,8 @@ class RelayBase:
             timer = (_reply_timeout(head.purpose, t, self._connected), True)
         elif self._phase is Phase.BODY:
             timer = (t.client_data, False)
+        elif self._filtering:  # the verdict is awaited: a NOOP keeps the idle MX with us
+            timer = (self._cfg.filter_keepalive, False)
         else:
             timer = (t.client_idle, False)
         # A completed client line restarts the client's clock: a command must arrive whole

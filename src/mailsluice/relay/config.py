@@ -59,4 +59,9 @@ class RelayConfig:
     tls: TlsMode = TlsMode.OPPORTUNISTIC
     log_headers: bool = False  # also log each message's header section (never the body)
     max_logged_headers: int = 16384  # bytes of header section kept for the log
+    # Filter mode: the proxy answers DATA itself, takes the whole message, has the filters
+    # judge it (``RunFilters``) and only then relays it; the MX gets a NOOP whenever it has
+    # been idle this long meanwhile (its own command timeout is usually 300 s).
+    filtering: bool = False
+    filter_keepalive: float = 60.0
     timeouts: Timeouts = field(default_factory=Timeouts)

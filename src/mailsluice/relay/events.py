@@ -69,6 +69,19 @@ class InternalError:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class FilterDecided:
+    """The filters' verdict on the message taken in filter mode (answers ``RunFilters``).
+
+    ``reject`` None: relay the message (the shell has it ready for ``SendSpooled``, edited
+    or not). Otherwise the reply for the client: a 4xx or 5xx code and one line of text
+    starting with its enhanced status code (the filter chain guarantees both).
+    """
+
+    reject: tuple[int, str] | None
+    decided_by: str = ""  # the filter that decided, for the transcript
+
+
 Event = (
     ClientData
     | ClientClosed
@@ -82,4 +95,5 @@ Event = (
     | ShutdownRequested
     | ShutdownForced
     | InternalError
+    | FilterDecided
 )

@@ -32,6 +32,11 @@ class Purpose(enum.Enum):
     QUIT = "quit"
     OTHER = "other"  # NOOP, VRFY, EXPN, HELP: relayed as they are
     LOCAL = "local"  # answered by the proxy; the reply is already known
+    # Filter mode (``relay.filtermode``): the message is taken in full before the MX sees it.
+    LOCAL_DATA = "local-data"  # the client's DATA, answered by us once it is the FIFO head
+    FILTER = "filter"  # end-of-data received; the filters' verdict is awaited
+    FILTERED_DATA = "filtered-data"  # our DATA to the MX after the verdict said "relay"
+    KEEPALIVE = "keepalive"  # internal NOOP (MX idle while we wait) or RSET (after a reject)
 
 
 @dataclass(slots=True)

@@ -27,8 +27,8 @@ from typing import assert_never
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import address_text, outcome_of
-from mailsluice.relay.base import RelayBase
 from mailsluice.relay.config import BareNewlinePolicy
+from mailsluice.relay.filtermode import FilterModeRelay
 from mailsluice.relay.pending import Pending, Phase, Purpose
 from mailsluice.relay.records import Direction
 from mailsluice.smtp import ehlo
@@ -47,11 +47,12 @@ _BODY_REFUSAL = {
     BodyFault.BARE_NEWLINE: (550, "5.5.2", "Error: bare <CR> or <LF> received in message content"),
     BodyFault.TOO_BIG: (552, "5.3.4", "Error: message exceeds the size limit"),
 }
+_DATA_WAITS = (Purpose.DATA, Purpose.LOCAL_DATA)  # DATA is out, its reply not yet given
 _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "VRFY",
                              "EXPN", "HELP"})  # fmt: skip
 
 
-class Relay(RelayBase):
+class Relay(FilterModeRelay):
     """State machine for one relayed session; see the module docstring."""
 
     def start(self) -> list[act.Action]:
@@ -122,6 +123,8 @@ class Relay(RelayBase):
                 self._maybe_goodbye()
             case ev.ShutdownForced():
                 self._fail(rp.shutting_down(self._host), "shutdown")
+            case ev.FilterDecided(reject, decided_by):
+                self._filter_decided(reject, decided_by)
             case ev.InternalError(detail):
                 self._note(f"internal error: {detail}")
                 self._fail(rp.internal_error(self._host), "internal-error")
@@ -145,7 +148,7 @@ class Relay(RelayBase):
         if self._desynced:
             return  # discarded: the session ends once the replies owed are out
         pending = self._pending
-        if pending and pending[-1].purpose is Purpose.DATA and pending[-1].reply is None:
+        if pending and pending[-1].purpose in _DATA_WAITS and pending[-1].reply is None:
             self._sync_violation(pending[-1])  # DATA is a barrier: when waiting, it is last
             return
         self._client_lines.feed(data)
@@ -200,6 +203,8 @@ class Relay(RelayBase):
             if self._client_lines.buffered:  # more bytes behind DATA: it did not wait for 354
                 self._log_client(parsed.line, Direction.CLIENT_TO_PROXY)
                 self._sync_violation(None)  # the MX never sees this DATA
+            elif self._cfg.filtering:
+                self._hold_data(parsed)
             else:
                 self._forward(parsed, Purpose.DATA, barrier=True)
         elif verb in _FORWARDED:
@@ -228,7 +233,9 @@ class Relay(RelayBase):
             self._local(Reply.make(552, "5.3.4", "Error: message size exceeds fixed limit"))
             return
         self._abort_transaction()
-        self._account.start_transaction(command.address or b"", self._now)
+        params = tuple(k if v is None else f"{k}={v.decode('ascii', 'replace')}"
+                       for k, v in command.params)  # fmt: skip
+        self._account.start_transaction(command.address or b"", self._now, params)
         self._forward(command, Purpose.MAIL)
 
     def _rcpt(self, command: Command) -> None:
@@ -246,7 +253,9 @@ class Relay(RelayBase):
         if self._headers is not None:
             self._collect_headers(data)
         chunk = scanner.feed(data)
-        if chunk.forward:
+        if self._cfg.filtering:
+            self._spool(chunk.forward, chunk.done)
+        elif chunk.forward:
             self._out.append(act.SendToServer(chunk.forward))
         if not chunk.done:
             return
@@ -260,7 +269,12 @@ class Relay(RelayBase):
             txn.size = scanner.size
         fault = scanner.fault
         self._log_client(b"<message: %d bytes>" % scanner.size, Direction.CLIENT_TO_SERVER)
-        if fault is None:
+        if self._cfg.filtering:
+            if fault is None:
+                self._message_taken()
+            else:
+                self._message_refused(Reply.make(*_BODY_REFUSAL[fault]))
+        elif fault is None:
             self._pending.append(Pending(Purpose.END_OF_DATA))
             self._barrier = True
         else:
@@ -315,6 +329,7 @@ class Relay(RelayBase):
         if self._phase is Phase.TLS_HANDSHAKE:
             self._injection()
             return
+        self._upstream_at = self._now
         lines = self._server_lines
         lines.feed(data)
         while self._phase is not Phase.CLOSED:
@@ -345,6 +360,9 @@ class Relay(RelayBase):
                 self._protocol_error(f"unexpected reply: {reply.transcript()}")
             return
         entry.reply = reply
+        if entry.purpose is Purpose.KEEPALIVE:  # ours: consumed at once, wherever it is
+            self._pending.remove(entry)
+            self._complete_keepalive(reply)
         self._flush()
 
     def _complete(self, entry: Pending) -> None:
@@ -356,6 +374,12 @@ class Relay(RelayBase):
             self._send_client(reply, Direction.PROXY_TO_CLIENT)
             if entry.close_after:
                 self._close(entry.close_reason)
+            return
+        if purpose is Purpose.LOCAL_DATA:
+            self._complete_local_data(reply)
+            return
+        if purpose is Purpose.FILTERED_DATA and reply.code != 421:
+            self._complete_filtered_data(reply)
             return
         if reply.code == 421 and purpose is not Purpose.QUIT:
             # The MX is closing the channel (RFC 5321 §3.8): pass it on, then end the session.
@@ -464,6 +488,9 @@ class Relay(RelayBase):
             Reply.make(421, "4.7.0", f"{self._host} Error: TLS negotiation failed"), "tls-injection"
         )
 
+    def _fail_protocol(self, detail: str) -> None:
+        self._protocol_error(detail)
+
     def _protocol_error(self, detail: str) -> None:
         self._note(f"MX protocol error: {detail}")
         self._fail(rp.upstream_protocol_error(self._host), "upstream-protocol-error")
@@ -490,6 +517,8 @@ class Relay(RelayBase):
             self._note("client closed in the middle of the message; upstream transaction aborted")
         elif self._awaiting(Purpose.END_OF_DATA):
             self._note("client closed after end-of-data: the message may be delivered twice")
+        elif self._filtering:
+            self._note("client closed while the filters ran; the message was not relayed")
         else:
             self._quit_upstream()
         self._close("client-closed")
@@ -510,6 +539,8 @@ class Relay(RelayBase):
                 self._fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
             else:
                 self._fail(rp.upstream_timeout(self._host), "upstream-timeout")
+        elif self._filtering:
+            self._filter_tick()
         else:
             self._quit_upstream()
             self._fail(rp.client_timeout(self._host), "client-timeout")
