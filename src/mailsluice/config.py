@@ -13,6 +13,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from mailsluice.plugins.settings import (
+    FilteringSettings,
+    FilterSpec,
+    PluginConfigError,
+    PluginSpec,
+    parse_filtering,
+    parse_filters,
+    parse_plugins,
+)
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
 
 DEFAULT_LISTEN = "127.0.0.1:10025"
@@ -60,6 +69,10 @@ class Settings:
     shutdown_grace: float = 60.0  # seconds in-flight transactions get on SIGTERM
     verbose: bool = False
     relay: RelayConfig = field(default_factory=RelayConfig)
+    log_sinks: tuple[str, ...] = ()  # more sinks fed the same records (postgresql:, webhook:, ...)
+    plugins: tuple[PluginSpec, ...] = ()  # watching plugins
+    filters: tuple[FilterSpec, ...] = ()  # the message filter chain, in order
+    filtering: FilteringSettings = field(default_factory=FilteringSettings)
 
 
 def parse_host_port(value: str, key: str) -> HostPort:
@@ -96,6 +109,16 @@ def _log_url(value: str, key: str) -> str:
         raise ConfigError(
             f"{key}: {value!r} is not a log URL; write sqlite:PATH, jsonl:PATH or none:"
         )
+    return value
+
+
+def _sink_url(value: str, key: str) -> str:
+    from mailsluice.sessionlog.codec import parse_log_url
+
+    try:
+        parse_log_url(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
     return value
 
 
@@ -136,7 +159,24 @@ def _timeouts(table: object, base: Timeouts) -> Timeouts:
 
 def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None) -> Settings:
     """Build settings from a parsed TOML document (keys as in ``docs/configuration.md``)."""
-    settings = base or Settings()
+    try:
+        settings = _settings_from_mapping(data, base or Settings())
+    except PluginConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if settings.filters:  # filter mode: the relay takes each message whole before the MX
+        if not settings.relay.message_size_limit:
+            raise ConfigError(
+                "message_size_limit: 0 (no limit) cannot be used with filters, since each "
+                "message is held whole while they run; set a limit, e.g. 52428800"
+            )
+        relay = replace(
+            settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
+        )
+        settings = replace(settings, relay=relay)
+    return settings
+
+
+def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Settings:
     relay = settings.relay
     top: dict[str, Any] = {}
     for key, raw in data.items():
@@ -192,6 +232,16 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
                 relay = replace(relay, hostname=_string(raw, key))
             case "timeouts":
                 relay = replace(relay, timeouts=_timeouts(raw, relay.timeouts))
+            case "log_sinks":
+                if not isinstance(raw, list):
+                    raise ConfigError("log_sinks: expected a list of log URLs")
+                top["log_sinks"] = tuple(_sink_url(_string(u, key), key) for u in raw)
+            case "filtering":
+                top["filtering"] = parse_filtering(raw)
+            case "filters":
+                top["filters"] = parse_filters(raw)
+            case "plugins":
+                top["plugins"] = parse_plugins(raw)
             case _:
                 raise ConfigError(f"{key}: unknown setting (see docs/configuration.md)")
     return replace(settings, relay=relay, **top)

@@ -19,10 +19,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.session import Relay
 from mailsluice.runtime.dialer import LOCAL_SHORTAGE, dial, plain_host
+from mailsluice.runtime.filterjob import FilterDriver
 
 __all__ = ["ClientProtocol", "Session", "format_address", "plain_host"]
 
@@ -104,6 +106,11 @@ class Session:
         self._work: asyncio.Future[None] = self._loop.create_future()
         self._want_connect = False
         self._want_tls = False
+        self._want_filter: act.RunFilters | None = None  # filter mode: judge the message
+        self._want_send = False  # filter mode: send the judged message to the MX
+        self._filters = FilterDriver(context.settings, context.filter_chain)
+        self._writable = asyncio.Event()  # the MX's write buffer has room
+        self._writable.set()
         self._outbound: tuple[str, int, str, int] | None = None  # our (src, dst) toward the MX
         self.destination: tuple[str, int] = ("", 0)
         self.relay: Relay | None = None
@@ -152,6 +159,12 @@ class Session:
                 elif self._want_tls:
                     self._want_tls = False
                     await self._start_tls()
+                elif self._want_filter is not None:
+                    run, self._want_filter = self._want_filter, None
+                    await self._run_filters(run)
+                elif self._want_send:
+                    self._want_send = False
+                    await self._filters.send(self._write_server, self._writable)
                 else:
                     await self._work
                     self._work = self._loop.create_future()
@@ -240,6 +253,10 @@ class Session:
         if not to_client:
             self._server_blocked = paused
             if paused:
+                self._writable.clear()
+            else:
+                self._writable.set()
+            if paused:
                 self._write_deadline = self._loop.time() + self._data_block
                 self._schedule(self._write_deadline)
         if other is not None and not other.is_closing():
@@ -288,7 +305,18 @@ class Session:
                 client, self._client = self._client, None
                 if client is not None:
                     self._linger(client)
+                self._filters.cancel()
                 self._wake()
+            case act.SpoolData(data):
+                self._filters.spool(data)
+            case act.RunFilters():
+                self._want_filter = action
+                self._wake()
+            case act.SendSpooled():
+                self._want_send = True
+                self._wake()
+            case act.DropSpool():
+                self._filters.drop()
             case act.TlsBroken():
                 self._ctx.tls_failed(format_address(self.destination), time.time())
             case _:
@@ -419,7 +447,33 @@ class Session:
         verified = ctx.chain_verifier.verify(ssl_object)
         self._feed(ev.TlsStarted(version or "?", cipher[0], verified))
 
+    # ------------------------------------------------------------ filter mode
+    async def _run_filters(self, run: act.RunFilters) -> None:
+        relay = self.relay
+        if relay is None or relay.closed:
+            return
+        peer = self._client.get_extra_info("peername") if self._client else None
+        client = ClientInfo(
+            session_id=relay.session_id,
+            client_ip=peer[0] if peer else "",
+            client_port=peer[1] if peer else 0,
+            destination=format_address(self.destination),
+            helo=run.helo,
+            source_ip=self._ctx.settings.outbound_ip,
+        )
+        decided = await self._filters.decide(run, client)
+        if decided is not None:
+            self._feed(decided)
+
+    def _write_server(self, data: bytes) -> bool:
+        server = self._server
+        if server is None or server.is_closing():
+            return False
+        server.write(data)
+        return True
+
     def _teardown(self) -> None:
+        self._filters.drop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -24,10 +24,14 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 from mailsluice.config import Settings
+from mailsluice.filtering.chain import FilterChain
+from mailsluice.plugins.build import build_filter_chain, build_watchers
+from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import access, limits
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
@@ -35,6 +39,7 @@ from mailsluice.runtime.listener import Listener, descriptor_capacity, listening
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.workers import supervise
+from mailsluice.sessionlog.fanout import LogFanout
 from mailsluice.sessionlog.writer import LogWriter, open_log
 from mailsluice.smtp.replies import Reply
 
@@ -44,9 +49,15 @@ log = logging.getLogger("mailsluice.server")
 class ProxyContext:
     """What every session shares: settings, log, TLS state, the set of live sessions."""
 
-    def __init__(self, settings: Settings, log_writer: LogWriter) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        log_writer: LogWriter,
+        filter_chain: FilterChain | None = None,
+    ) -> None:
         self.settings = settings
         self.log_writer = log_writer
+        self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.tls_context = client_context()
         self.chain_verifier = ChainVerifier()
         self._tls_memory = TlsFailureMemory()
@@ -154,6 +165,17 @@ class ProxyContext:
             self.limits = limits.ConnectionCounts(limits.Caps(capacity, caps.per_client))
 
 
+def open_sinks(settings: Settings) -> LogWriter:
+    """The session log and every extra sink (``log_sinks``, watching ``plugins``)."""
+    limit = settings.log_queue_limit
+    writers = [open_log(settings.log, limit, process=settings.log_process)]
+    writers += [open_log(url, limit, process=settings.log_process) for url in settings.log_sinks]
+    watchers = build_watchers(settings)
+    if watchers:
+        writers.append(LogWriter(PluginSink(watchers), queue_limit=limit, name="plugins"))
+    return writers[0] if len(writers) == 1 else LogFanout(writers)
+
+
 def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
     return (plain_host(address[0]), address[1])
 
@@ -162,12 +184,16 @@ class Proxy:
     """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends."""
 
     def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
+        chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
+        if chain is not None and not settings.relay.filtering:  # settings built in code
+            relay = replace(
+                settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
+            )
+            settings = replace(settings, relay=relay)
         self.settings = settings
         self._own_writer = log_writer is None
-        self.log_writer = log_writer or open_log(
-            settings.log, settings.log_queue_limit, process=settings.log_process
-        )
-        self.context = ProxyContext(settings, self.log_writer)
+        self.log_writer = log_writer or open_sinks(settings)
+        self.context = ProxyContext(settings, self.log_writer, chain)
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
 
