@@ -76,6 +76,11 @@ class PluginSink:
         self._wants_lines = any("line" in w.hooks for w in self.watched)
         self._error_log_interval = error_log_interval
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._any_async = any(
+            inspect.iscoroutinefunction(getattr(w.plugin, hook))
+            for w in self.watched
+            for hook in w.hooks
+        )
 
     def write_batch(self, records: list[Record]) -> None:
         calls: list[tuple[Watched, str, object]] = []
@@ -90,13 +95,18 @@ class PluginSink:
                 continue
             hook = _hook_for(record)
             calls.extend((w, hook, record) for w in self.watched if hook in w.hooks)
-        pending: list[tuple[Watched, Any]] = []
+        if self._any_async:
+            self._run(self._dispatch(calls))
+            return
+        for watched, hook, argument in calls:
+            self._call(watched, hook, argument)
+
+    async def _dispatch(self, calls: list[tuple[Watched, str, object]]) -> None:
+        """In order: a coroutine hook is awaited (within its timeout) before the next call."""
         for watched, hook, argument in calls:
             result = self._call(watched, hook, argument)
             if inspect.isawaitable(result):
-                pending.append((watched, result))
-        if pending:
-            self._run(self._await_all(pending))
+                await self._await_all([(watched, result)])
 
     def _call(self, watched: Watched, hook: str, record: object) -> object:
         watched.calls += 1
