@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from mailsluice.filtering.api import ClientInfo, Envelope
 from mailsluice.filtering.chain import FilterChain, Outcome
 from mailsluice.filtering.message import iter_dot_stuffed
+from mailsluice.filtering.splice import Spliced
 from mailsluice.filtering.spool import MessageSpool
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
@@ -77,9 +78,16 @@ class FilterJob:
         if outcome is not None and outcome.message is not None:
             yield from iter_dot_stuffed((outcome.message,))
         else:
-            with self._spool.open() as reader:
-                yield from iter_dot_stuffed(iter(lambda: reader.read(READ_SIZE), b""))
+            yield from iter_dot_stuffed(self._spooled(outcome.spliced if outcome else None))
         yield END_OF_DATA
+
+    def _spooled(self, spliced: Spliced | None) -> Iterator[bytes]:
+        """The spooled message in pieces; after header edits, the new head first."""
+        with self._spool.open() as reader:
+            if spliced is not None:
+                yield spliced.head
+                reader.seek(spliced.body_from)
+            yield from iter(lambda: reader.read(READ_SIZE), b"")
 
     def close(self) -> None:
         self._spool.close()
