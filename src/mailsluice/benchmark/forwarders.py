@@ -94,8 +94,16 @@ def _mailsluice_missing() -> str | None:
     return None
 
 
+TRACE_FILTER_CONFIG = '[[filters]]\ntype = "trace-header"\n'
+
+
+def _mailsluice_trace(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
+    """mailsluice in filter mode: the trace-header filter on every message."""
+    return _mailsluice(ctx, config=TRACE_FILTER_CONFIG)
+
+
 @contextlib.asynccontextmanager
-async def _mailsluice(ctx: Context) -> AsyncIterator[Endpoint]:
+async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[Endpoint]:
     port = free_port()
     suffix = {"sqlite": "db", "jsonl": "jsonl"}.get(ctx.log_kind)
     session_log = ctx.workdir / f"mailsluice-{ctx.run_tag}.{suffix}" if suffix else None
@@ -107,6 +115,10 @@ async def _mailsluice(ctx: Context) -> AsyncIterator[Endpoint]:
         "--log", log_url, "--workers", str(ctx.mailsluice_workers),
         "--max-connections-per-client", "0",  # every session comes from LOOPBACK
     ]  # fmt: skip
+    if config is not None:
+        config_file = ctx.workdir / f"mailsluice-{ctx.run_tag}.toml"
+        config_file.write_text(config)
+        argv += ["--config", str(config_file)]
     log = ctx.workdir / f"mailsluice-{ctx.run_tag}.log"
     async with child(argv, log=log, grace=15.0) as proc:
         await wait_smtp_ready(
@@ -342,6 +354,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("direct", "smtp-source straight to smtp-sink", lambda: None, _direct),
     Variant("mailsluice", "mailsluice serve --upstream, session log on", _mailsluice_missing,
             _mailsluice),
+    Variant("mailsluice-trace", "mailsluice with the trace-header filter (filter mode)",
+            _mailsluice_missing, _mailsluice_trace),
     Variant("nginx", "nginx stream TCP proxy", _nginx_missing, _nginx),
     Variant("postfix", "Postfix store-and-forward relay", _postfix_missing, _postfix),
 )  # fmt: skip

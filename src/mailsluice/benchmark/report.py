@@ -21,6 +21,7 @@ from mailsluice.benchmark.procs import find_program
 RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("mailsluice", "nginx", 0.5),
     ("mailsluice", "postfix", 2.0),
+    ("mailsluice-trace", "mailsluice", 0.7),  # issue 5: filtering costs at most 30%
     ("mailsluice", "direct", None),
     ("nginx", "direct", None),
     ("postfix", "direct", None),
@@ -158,7 +159,7 @@ def format_table(report: Mapping[str, object]) -> str:
         f"relay benchmark: {params['messages']} messages x {params['size']} bytes, "
         f"{params['sessions']} sessions, {per}, {params['repeat']} run(s) per variant, "
         f"nginx worker_processes {params['nginx_worker_processes']}",
-        f"{'variant':<11}{'status':<9}{'msg/s':>9}{'vs nginx':>10}{'vs postfix':>12}"
+        f"{'variant':<17}{'status':<9}{'msg/s':>9}{'vs nginx':>10}{'vs postfix':>12}"
         f"{'cpu s':>8}{'peak RSS':>11}",
     ]
     nginx, postfix = _rate(summary, "nginx"), _rate(summary, "postfix")
@@ -169,14 +170,14 @@ def format_table(report: Mapping[str, object]) -> str:
         vs_postfix = rate / postfix if rate and postfix else None
         rss = entry["peak_rss_kib_max"]
         lines.append(
-            f"{name:<11}{entry['status']!s:<9}{_fmt(rate, ',.0f'):>9}"
+            f"{name:<17}{entry['status']!s:<9}{_fmt(rate, ',.0f'):>9}"
             f"{_fmt(vs_nginx, '.2f', 'x'):>10}{_fmt(vs_postfix, '.2f', 'x'):>12}"
             f"{_fmt(entry['cpu_seconds_median'], '.1f'):>8}"
             f"{_fmt(rss / 1024 if isinstance(rss, int) else None, '.1f', ' MiB'):>11}"
         )
     ratio_map = report["ratios"]
     assert isinstance(ratio_map, Mapping)
-    for key in ("mailsluice_vs_nginx", "mailsluice_vs_postfix"):
+    for key in ("mailsluice_vs_nginx", "mailsluice_vs_postfix", "mailsluice-trace_vs_mailsluice"):
         entry = ratio_map[key]
         assert isinstance(entry, Mapping)
         verdict = {True: "met", False: "NOT met", None: "not measured"}[entry["met"]]
