@@ -15,6 +15,7 @@ from mailsluice.config import (
     load_file,
     settings_from_mapping,
 )
+from mailsluice.plugins.build import BuildError
 
 
 def _common_log_options(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except ConfigError as exc:
+    except (ConfigError, BuildError) as exc:
         print(f"mailsluice: configuration error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -111,8 +112,24 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         settings = load_file(args.file)
+        from mailsluice.plugins.build import build_filter_chain, build_watchers
+
+        try:  # loads every plugin and filter (nothing is connected to)
+            chain = build_filter_chain(settings)
+            watchers = build_watchers(settings)
+        except BuildError as exc:
+            raise ConfigError(f"{args.file}: {exc}") from None
         mode = f"upstream {settings.upstream}" if settings.upstream else "transparent"
-        print(f"{args.file}: OK (listen {settings.listen}, {mode}, log {settings.log})")
+        extras = "".join(
+            f", {label}"
+            for label, present in (
+                (f"filters: {', '.join(chain.names)}" if chain else "", chain is not None),
+                (f"{len(watchers)} watching plugin(s)", bool(watchers)),
+                (f"{len(settings.log_sinks)} extra log sink(s)", bool(settings.log_sinks)),
+            )
+            if present
+        )
+        print(f"{args.file}: OK (listen {settings.listen}, {mode}, log {settings.log}{extras})")
         return 0
     settings = settings_from_args(args)
     if args.command == "sessions":

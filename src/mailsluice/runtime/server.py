@@ -301,6 +301,8 @@ async def serve(settings: Settings) -> int:
 
 def run(settings: Settings) -> int:
     """Blocking entry point: one process, or ``settings.workers`` forked workers."""
+    build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
+    build_watchers(settings)
     if settings.workers <= 1:
         return _run_one(settings)
     open_log(settings.log, settings.log_queue_limit).close()  # create the log before forking
