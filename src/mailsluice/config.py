@@ -104,12 +104,7 @@ def _ip(value: str, key: str) -> str:
 
 
 def _log_url(value: str, key: str) -> str:
-    scheme, sep, path = value.partition(":")
-    if not sep or scheme not in ("sqlite", "jsonl", "none") or (scheme != "none" and not path):
-        raise ConfigError(
-            f"{key}: {value!r} is not a log URL; write sqlite:PATH, jsonl:PATH or none:"
-        )
-    return value
+    return _sink_url(value, key)
 
 
 def _sink_url(value: str, key: str) -> str:

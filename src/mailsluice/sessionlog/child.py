@@ -17,6 +17,7 @@ batch as dropped. ``main`` is the child (``python -m mailsluice.sessionlog.child
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import struct
@@ -26,11 +27,11 @@ import time
 from typing import BinaryIO
 
 from mailsluice.relay.records import Record
+from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import parse_log_url
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.sqlite import SqliteBackend
 
 _HEADER = struct.Struct("!I")
+URL_VARIABLE = "MAILSLUICE_LOG_URL"
 
 
 class PipeBackend:
@@ -42,10 +43,13 @@ class PipeBackend:
         self._spawn()
 
     def _spawn(self) -> None:
+        # The URL goes in the environment, not argv: it may hold a database password or a
+        # webhook token, and argv is world-readable in ps.
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "mailsluice.sessionlog.child", self._url],
+            [sys.executable, "-m", "mailsluice.sessionlog.child"],
             stdin=subprocess.PIPE,
             close_fds=True,
+            env={**os.environ, URL_VARIABLE: self._url},
         )
 
     def write_batch(self, records: list[Record]) -> None:
@@ -88,11 +92,14 @@ def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
 
 
 def main(argv: list[str]) -> int:
-    """The child: read framed batches from stdin and write them until EOF."""
-    parsed = parse_log_url(argv[0])
-    if parsed.path is None:
+    """The child: read framed batches from stdin and write them until EOF.
+
+    The log URL comes from ``MAILSLUICE_LOG_URL`` (or, for manual runs, ``argv[0]``)."""
+    url = os.environ.get(URL_VARIABLE) or (argv[0] if argv else "none:")
+    parsed = parse_log_url(url)
+    if parsed.scheme == "none":
         return 0
-    backend = SqliteBackend(parsed.path) if parsed.scheme == "sqlite" else JsonlBackend(parsed.path)
+    backend = open_backend(parsed)
     # The parent decides when logging ends (it closes the pipe after its last batch);
     # a Ctrl-C or SIGTERM sent to the whole process group must not cut that short.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

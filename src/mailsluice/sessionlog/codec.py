@@ -13,11 +13,13 @@ unchanged, so the round trip is exact for it and lossy-but-readable otherwise.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 from mailsluice.relay.records import (
     Record,
@@ -27,14 +29,24 @@ from mailsluice.relay.records import (
     TranscriptLine,
 )
 
-Scheme = Literal["sqlite", "jsonl", "none"]
-SCHEMES: tuple[Scheme, ...] = ("sqlite", "jsonl", "none")
+Scheme = Literal["sqlite", "jsonl", "none", "postgresql", "webhook"]
+SCHEMES: tuple[Scheme, ...] = ("sqlite", "jsonl", "none", "postgresql", "webhook")
+
+# Webhook events: "reject" is any failed end of a message (5xx "rejected" or 4xx
+# "deferred"); "rejected" and "deferred" pick one of the two; "delivered" a 2xx;
+# "session" a session that ended other than by QUIT (timeout, upstream lost, ...).
+WEBHOOK_EVENTS = ("reject", "rejected", "deferred", "delivered", "session")
 
 # JSON lines "type" for each record class.
 TYPE_SESSION_OPENED = "session_opened"
 TYPE_TRANSCRIPT = "transcript"
 TYPE_TRANSACTION = "transaction"
 TYPE_SESSION_CLOSED = "session_closed"
+
+_HINT = (
+    "write one of sqlite:PATH, jsonl:PATH or none:, or postgresql://USER@HOST/DB, "
+    "webhook:https://HOST/PATH (e.g. sqlite:/var/lib/mailsluice/log.db)"
+)
 
 
 class SessionLogError(ValueError):
@@ -50,12 +62,41 @@ class SessionNotFound(LogReadError):
 
 
 @dataclass(frozen=True, slots=True)
+class JsonlOptions:
+    """``jsonl:PATH?max_bytes=N&keep=K``: rotate past N bytes, keeping PATH.1 .. PATH.K."""
+
+    max_bytes: int | None = None  # None: never rotate
+    keep: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookOptions:
+    """The query of ``webhook:URL`` that is ours (the rest stays on the URL)."""
+
+    events: frozenset[str] = frozenset({"reject"})
+    timeout: float = 5.0  # seconds, per attempt (connect, send, each read)
+    retries: int = 2  # further attempts after a 5xx, a 429 or a network error
+    max_posts: int = 3  # per batch; more events than this are sent as one summary
+    min_interval: float = 1.0  # seconds between two posts (Slack allows about one a second)
+    blocks: bool = True  # Slack "blocks" besides the plain "text"
+
+
+@dataclass(frozen=True, slots=True)
 class LogUrl:
-    """A parsed log URL: ``sqlite:PATH``, ``jsonl:PATH`` or ``none:``."""
+    """A parsed log URL.
+
+    ``sqlite:PATH``, ``jsonl:PATH[?max_bytes=N&keep=K]``, ``none:``,
+    ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``postgres://``) and
+    ``webhook:http(s)://HOST/PATH[?events=...&timeout=S&retries=N&max_posts=N&
+    min_interval=S&blocks=BOOL]``.
+    """
 
     scheme: Scheme
-    path: Path | None  # None only for "none"
-    text: str  # the URL as written, for messages
+    path: Path | None  # the file of sqlite: and jsonl:, else None
+    text: str  # the URL as written with secrets masked: safe for messages and logs
+    target: str | None = field(default=None, repr=False)  # DSN / http(s) URL, secrets and all
+    jsonl: JsonlOptions = field(default_factory=JsonlOptions)
+    webhook: WebhookOptions | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -63,23 +104,180 @@ class LogUrl:
 
 def parse_log_url(url: str) -> LogUrl:
     """Parse a log URL; raise :class:`SessionLogError` saying what to write instead."""
-    scheme, sep, rest = url.strip().partition(":")
-    hint = "write sqlite:PATH, jsonl:PATH or none: (e.g. sqlite:/var/lib/mailsluice/log.db)"
+    url = url.strip()
+    scheme, sep, rest = url.partition(":")
     if not sep:
-        raise SessionLogError(f"log URL {url!r} has no scheme; {hint}")
+        raise SessionLogError(f"log URL {url!r} has no scheme; {_HINT}")
     if scheme == "none":
         if rest:
-            raise SessionLogError(f"log URL {url!r}: none: takes no path; {hint}")
+            raise SessionLogError(f"log URL {url!r}: none: takes no path; {_HINT}")
         return LogUrl("none", None, url)
     if scheme == "sqlite":
         if not rest:
-            raise SessionLogError(f"log URL {url!r} names no file; {hint}")
+            raise SessionLogError(f"log URL {url!r} names no file; {_HINT}")
         return LogUrl("sqlite", Path(rest).expanduser(), url)
     if scheme == "jsonl":
-        if not rest:
-            raise SessionLogError(f"log URL {url!r} names no file; {hint}")
-        return LogUrl("jsonl", Path(rest).expanduser(), url)
-    raise SessionLogError(f"log URL {url!r}: unknown scheme {scheme!r}; {hint}")
+        return _parse_jsonl(url, rest)
+    if scheme in ("postgresql", "postgres"):
+        return _parse_postgres(url)
+    if scheme == "webhook":
+        return _parse_webhook(url, rest)
+    if scheme in ("http", "https"):  # shown without its path: a webhook's path is its secret
+        host = urlsplit(url).netloc.rpartition("@")[2]
+        raise SessionLogError(
+            f"log URL {scheme}://{host}/***: to post to a webhook, write webhook:{scheme}://..."
+        )
+    raise SessionLogError(f"log URL {url!r}: unknown scheme {scheme!r}; {_HINT}")
+
+
+def _query(shown: str, query: str) -> dict[str, str]:
+    """The query's ``key=value`` pairs; a key given twice or without ``=`` is an error."""
+    found: dict[str, str] = {}
+    for part in query.split("&"):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key, value = unquote(key), unquote_plus(value)
+        if not eq or not key:
+            raise SessionLogError(f"log URL {shown}: {part!r} is not KEY=VALUE")
+        if key in found:
+            raise SessionLogError(f"log URL {shown}: {key}= is given twice")
+        found[key] = value
+    return found
+
+
+def _int_param(shown: str, key: str, value: str, low: int, high: int) -> int:
+    if not value.isdigit() or not low <= int(value) <= high:
+        raise SessionLogError(
+            f"log URL {shown}: {key}={value!r} must be a whole number from {low} to {high}"
+        )
+    return int(value)
+
+
+def _float_param(shown: str, key: str, value: str, low: float, high: float) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not low <= number <= high:  # also false for nan
+        raise SessionLogError(
+            f"log URL {shown}: {key}={value!r} must be a number of seconds from {low:g} to {high:g}"
+        )
+    return number
+
+
+def _parse_jsonl(url: str, rest: str) -> LogUrl:
+    name, _, query = rest.partition("?")
+    if not name:
+        raise SessionLogError(f"log URL {url!r} names no file; {_HINT}")
+    params = _query(url, query)
+    unknown = sorted(set(params) - {"max_bytes", "keep"})
+    if unknown:
+        raise SessionLogError(
+            f"log URL {url}: unknown parameter {unknown[0]}=; jsonl: takes max_bytes= (rotate "
+            "the file past this size) and keep= (rotated files kept), e.g. "
+            "jsonl:/var/log/mailsluice/sessions.jsonl?max_bytes=100000000&keep=5"
+        )
+    options = JsonlOptions()
+    if "max_bytes" in params:
+        max_bytes = _int_param(url, "max_bytes", params["max_bytes"], 4096, 10**15)
+        options = JsonlOptions(max_bytes=max_bytes)
+    if "keep" in params:
+        if options.max_bytes is None:
+            raise SessionLogError(
+                f"log URL {url}: keep= only matters with max_bytes=; add max_bytes=BYTES "
+                "(the size at which the file is rotated) or drop keep="
+            )
+        options = JsonlOptions(options.max_bytes, _int_param(url, "keep", params["keep"], 0, 999))
+    return LogUrl("jsonl", Path(name).expanduser(), url, jsonl=options)
+
+
+def _check_port(shown: str, netloc: str) -> None:
+    for host in netloc.rpartition("@")[2].split(","):
+        tail = host.rpartition("]")[2] if host.startswith("[") else host
+        port = tail.rpartition(":")[2]
+        if ":" in tail and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise SessionLogError(
+                f"log URL {shown}: port {port!r} of {host!r} is not a port number (1 to 65535)"
+            )
+
+
+def _parse_postgres(url: str) -> LogUrl:
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    shown_netloc = netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        shown_netloc = f"{user}:***@{hosts}" if colon else netloc
+    params = _query("postgresql://" + shown_netloc + parts.path, parts.query)
+    shown_query = "&".join(
+        f"{key}=***" if key == "password" else f"{key}={value}" for key, value in params.items()
+    )
+    shown = (
+        f"{parts.scheme}://{shown_netloc}{parts.path}" + ("?" if shown_query else "") + shown_query
+    )
+    if parts.fragment:
+        raise SessionLogError(f"log URL {shown}: remove the #fragment; {_HINT}")
+    _check_port(shown, netloc)
+    if parts.path.count("/") > 1:
+        raise SessionLogError(
+            f"log URL {shown}: {parts.path[1:]!r} is not a database name; write "
+            "postgresql://USER@HOST:PORT/DATABASE"
+        )
+    return LogUrl("postgresql", None, shown, target=url)
+
+
+def _parse_webhook(url: str, rest: str) -> LogUrl:
+    parts = urlsplit(rest)
+    shown_target = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/***"
+    shown = f"webhook:{shown_target}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SessionLogError(
+            f"log URL {shown}: webhook: needs an http:// or https:// URL with a host, e.g. "
+            "webhook:https://hooks.slack.com/services/T000/B000/XXXX?events=reject"
+        )
+    if parts.fragment:
+        raise SessionLogError(f"log URL {shown}: remove the #fragment")
+    _check_port(shown, parts.netloc)
+    params = _query(shown, parts.query)
+    ours = {key: params.pop(key) for key in list(params) if key in _WEBHOOK_KEYS}
+    opts = WebhookOptions()
+    if "events" in ours:
+        events = frozenset(e.strip() for e in ours["events"].split(",") if e.strip())
+        bad = sorted(events - set(WEBHOOK_EVENTS))
+        if bad or not events:
+            raise SessionLogError(
+                f"log URL {shown}: events={ours['events']!r}: "
+                + (f"unknown event {bad[0]!r}" if bad else "no event named")
+                + f"; choose from {', '.join(WEBHOOK_EVENTS)} (comma-separated)"
+            )
+        opts = replace(opts, events=events)
+    if "timeout" in ours:
+        opts = replace(opts, timeout=_float_param(shown, "timeout", ours["timeout"], 0.05, 120))
+    if "retries" in ours:
+        opts = replace(opts, retries=_int_param(shown, "retries", ours["retries"], 0, 10))
+    if "max_posts" in ours:
+        opts = replace(opts, max_posts=_int_param(shown, "max_posts", ours["max_posts"], 1, 50))
+    if "min_interval" in ours:
+        opts = replace(
+            opts, min_interval=_float_param(shown, "min_interval", ours["min_interval"], 0, 60)
+        )
+    if "blocks" in ours:
+        flag = ours["blocks"].lower()
+        if flag not in ("true", "false", "1", "0", "yes", "no"):
+            raise SessionLogError(
+                f"log URL {shown}: blocks={ours['blocks']!r}: write true or false"
+            )
+        opts = replace(opts, blocks=flag in ("true", "1", "yes"))
+    kept = "&".join(p for p in parts.query.split("&") if unquote(p.partition("=")[0]) in params)
+    target = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", kept, ""))
+    if ours:
+        shown += "?" + "&".join(f"{key}={value}" for key, value in ours.items())
+    return LogUrl("webhook", None, shown, target=target, webhook=opts)
+
+
+_WEBHOOK_KEYS = frozenset({"events", "timeout", "retries", "max_posts", "min_interval", "blocks"})
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

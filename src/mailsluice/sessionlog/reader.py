@@ -56,11 +56,20 @@ _T = TypeVar("_T")
 _Txn = tuple[int, str | None, list[str]]
 
 
+def _is_postgres(url: str) -> bool:
+    return url.strip().startswith(("postgresql:", "postgres:"))
+
+
 def _locate(url: str) -> tuple[LogUrl, Path]:
     try:
         parsed = parse_log_url(url)
     except ValueError as exc:
         raise LogReadError(f"{exc}; pass --log URL or --config FILE") from None
+    if parsed.scheme == "webhook":
+        raise LogReadError(
+            "a webhook log cannot be read back; pass --log naming the SQLite, JSON-lines or "
+            "PostgreSQL log (the proxy's log setting)"
+        )
     if parsed.path is None:
         raise LogReadError(
             "the session log is disabled (log = none:), there is nothing to read; pass "
@@ -154,6 +163,10 @@ def _choose(prefix: str, exact: bool, candidates: list[str], path: Path) -> str:
 
 def list_sessions(url: str, limit: int = 50) -> list[dict[str, Any]]:
     """The ``limit`` newest sessions (``limit <= 0``: all), newest first."""
+    if _is_postgres(url):
+        from mailsluice.sessionlog import postgres_reader
+
+        return postgres_reader.list_sessions(url, limit)
     parsed, path = _locate(url)
     if parsed.scheme == "sqlite":
         return _sqlite_sessions(path, limit)
@@ -171,6 +184,10 @@ def session_with_transcript(
     """The session dict and its transcript; raises :class:`SessionNotFound`."""
     if not session_id:
         raise SessionNotFound("no session id given; `mailsluice sessions` lists them")
+    if _is_postgres(url):
+        from mailsluice.sessionlog import postgres_reader
+
+        return postgres_reader.session_with_transcript(url, session_id)
     parsed, path = _locate(url)
     if parsed.scheme == "sqlite":
         return _sqlite_transcript(path, session_id)

@@ -28,8 +28,6 @@ from typing import Protocol
 
 from mailsluice.relay.records import Record
 from mailsluice.sessionlog.codec import parse_log_url
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.sqlite import SqliteBackend
 
 __all__ = ["Backend", "LogWriter", "NullWriter", "open_log"]
 
@@ -223,7 +221,8 @@ class LogWriter:
         more = f" ({suppressed} more failed batches not reported)" if suppressed else ""
         log.error(
             "%s: cannot write %d records, dropping them: %s: %s%s; "
-            "check the disk space and permissions of the log (further errors are "
+            "check that the log's destination is reachable and writable (disk space and "
+            "permissions of a file, the database or web server) (further errors are "
             "reported at most every %g s)",
             self.name,
             n,
@@ -289,21 +288,22 @@ class NullWriter(LogWriter):
 def open_log(url: str, queue_limit: int, *, process: bool = False) -> LogWriter:
     """Open the log a URL names and return its (not yet started) writer.
 
-    ``sqlite:PATH`` and ``jsonl:PATH`` open (and create) the file now, so that a
-    wrong path is reported at startup; ``none:`` gives a :class:`NullWriter`. With
-    ``process``, the writing itself happens in a child process (``sessionlog.child``),
-    away from the mail process's GIL.
+    The backend is opened now (``sqlite:``/``jsonl:`` files created, a PostgreSQL
+    database connected and migrated), so that a wrong URL is reported at startup;
+    ``postgresql:`` and ``webhook:`` are the other sinks; ``none:`` gives a
+    :class:`NullWriter`. With ``process``, the writing itself happens in a child
+    process (``sessionlog.child``), away from the mail process's GIL.
     Raises :class:`SessionLogError` (a ``ValueError``) naming the problem and the fix.
     Call ``start()`` before use and ``close()`` at shutdown (or use ``with``).
     """
     parsed = parse_log_url(url)
     if queue_limit < 1:
         raise ValueError(f"log_queue_limit must be at least 1, got {queue_limit}")
-    if parsed.path is None:  # none:
+    if parsed.scheme == "none":
         return NullWriter()
-    backend: Backend = (
-        SqliteBackend(parsed.path) if parsed.scheme == "sqlite" else JsonlBackend(parsed.path)
-    )
+    from mailsluice.sessionlog.backends import open_backend
+
+    backend: Backend = open_backend(parsed)
     if process:  # checked and created here (errors at startup); written by a child process
         backend.close()
         from mailsluice.sessionlog.child import PipeBackend
