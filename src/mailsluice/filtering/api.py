@@ -149,7 +149,8 @@ class AddHeader:
 @dataclass(frozen=True, slots=True)
 class ChangeHeader:
     """Change the ``occurrence``-th (1-based) field named ``name`` (case-insensitive);
-    ``value`` None deletes it. A missing occurrence is ignored (as milter does)."""
+    ``value`` None deletes it. A missing occurrence is ignored (the milter client turns a
+    milter's change of a missing field into an addition, as Sendmail and Postfix do)."""
 
     name: str
     value: str | None

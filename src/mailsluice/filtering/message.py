@@ -167,7 +167,7 @@ def _change(fields: list[bytes], change: ChangeHeader) -> bool:
             else:  # the name keeps its spelling in the message
                 fields[index] = _value_lines(field_name(field), change.value)
             return True
-    return False  # a missing occurrence is ignored, as milter does
+    return False  # a missing occurrence is ignored (the milter client adds it instead)
 
 
 def _add(fields: list[bytes], add: AddHeader) -> None:
