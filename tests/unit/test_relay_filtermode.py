@@ -260,3 +260,20 @@ def test_spooled_bytes_are_the_unstuffed_message_for_any_split(
 def test_unstuff() -> None:
     assert unstuff(b"..a\r\n.b\r\nc.\r\n", True) == b".a\r\nb\r\nc.\r\n"
     assert unstuff(b".a", False) == b".a"
+
+
+def test_a_second_verdict_is_ignored() -> None:
+    h = at_354()
+    taken(h)
+    h.step(ev.FilterDecided(None))
+    assert h.step(ev.FilterDecided((550, "5.7.1 too late"))) == []
+    assert of_type(h.server(b"354 go\r\n"), act.SendSpooled)
+
+
+def test_mx_answering_our_data_with_250_is_a_protocol_error() -> None:
+    h = at_354()
+    taken(h)
+    h.step(ev.FilterDecided(None))
+    out = h.server(b"250 2.0.0 what\r\n")
+    assert statuses(out) == [(421, "4.5.0")]
+    assert h.relay.closed

@@ -165,9 +165,10 @@ class FilterModeRelay(RelayBase):
             self._fail_protocol(f"reply {reply.code} to our keepalive")
 
     def _keepalive(self, verb: bytes) -> None:
-        """Send NOOP or RSET of our own; its reply is consumed (``_complete_keepalive``)."""
-        if not self._server_open:
-            return
+        """Send NOOP or RSET of our own; its reply is consumed (``_complete_keepalive``).
+
+        Only while the MX connection is open: in filter mode every loss of it ends the
+        session (``_server_closed``), so there is no later call to guard against."""
         self._log_line(Direction.PROXY_TO_SERVER, verb.decode())
         self._pending.append(Pending(Purpose.KEEPALIVE, internal=True))
         self._out.append(act.SendToServer(verb + b"\r\n"))
