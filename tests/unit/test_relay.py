@@ -82,7 +82,7 @@ def test_plaintext_session_end_to_end() -> None:
     out = h.server(b"221 2.0.0 Bye\r\n")
     assert to_client(out) == b"221 2.0.0 Bye\r\n"
     assert of_type(out, act.CloseServer) == [act.CloseServer()]
-    assert of_type(out, act.CloseClient) == [act.CloseClient()]
+    assert of_type(out, act.CloseClient) == [act.CloseClient(linger=False)]  # clean QUIT
     assert h.relay.closed
 
 
@@ -410,3 +410,13 @@ def test_closing_twice_emits_nothing_more() -> None:
     relay._out = []
     relay._close("again")
     assert relay._out == []
+
+
+def test_quit_with_more_input_behind_it_still_lingers() -> None:
+    h = Harness()
+    h.connect()
+    h.ehlo(EHLO_PLAIN)
+    out = h.client(b"QUIT\r\nNOOP\r\n")  # a client that keeps talking after QUIT
+    assert to_server(out) == b"QUIT\r\n"
+    out = h.server(b"221 2.0.0 Bye\r\n")
+    assert of_type(out, act.CloseClient) == [act.CloseClient(linger=True)]

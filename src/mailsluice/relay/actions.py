@@ -34,7 +34,13 @@ class CloseServer:
 
 @dataclass(frozen=True, slots=True)
 class CloseClient:
-    """Close the client connection once what was sent to it is flushed."""
+    """Close the client connection once what was sent to it is flushed.
+
+    ``linger``: half-close and drain the client's input first, so that a reset cannot
+    destroy replies it has not read yet. Not needed after a clean QUIT with nothing
+    unread (the client said goodbye and waits only for our 221)."""
+
+    linger: bool = True
 
 
 @dataclass(frozen=True, slots=True)

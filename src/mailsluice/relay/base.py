@@ -139,7 +139,8 @@ class RelayBase:
             self._close_server()
         self._abort_transaction()
         self._phase = Phase.CLOSED
-        self._out.append(act.CloseClient())
+        clean = reason == "quit" and not self._client_lines.buffered
+        self._out.append(act.CloseClient(linger=not clean))
         self._flush_lines()
         self._out.append(act.Log(self._account.closed(reason, self._now)))
 

@@ -301,10 +301,14 @@ class Session:
                 server, self._server = self._server, None
                 if server is not None:
                     server.close()
-            case act.CloseClient():
+            case act.CloseClient(linger):
                 client, self._client = self._client, None
-                if client is not None:
+                if client is None:
+                    pass
+                elif linger:
                     self._linger(client)
+                else:
+                    client.close()
                 self._filters.cancel()
                 self._wake()
             case act.SpoolData(data):
