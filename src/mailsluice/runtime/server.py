@@ -280,6 +280,7 @@ class Proxy:
         assert self._group is not None
         await self._group.__aexit__(exc_type, exc, tb)
         if self._own_writer:
+            self.log_writer.detach()  # loop callbacks end here; the rest is written off-loop
             await asyncio.to_thread(self.log_writer.close)
         if self.log_writer.dropped:
             log.warning("session log: %d records dropped", self.log_writer.dropped)

@@ -30,7 +30,7 @@ from mailsluice.relay.records import Record
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import parse_log_url
 
-_HEADER = struct.Struct("!I")
+HEADER = struct.Struct("!I")  # frame: payload length, big-endian
 URL_VARIABLE = "MAILSLUICE_LOG_URL"
 
 
@@ -52,9 +52,23 @@ class PipeBackend:
             env={**os.environ, URL_VARIABLE: self._url},
         )
 
+    def respawn(self) -> None:
+        """Replace a writer process that died (its pipe is broken)."""
+        child, self._child = self._child, None
+        if child is not None:
+            if child.stdin is not None:
+                try:
+                    child.stdin.close()
+                except OSError:
+                    pass
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+        self._spawn()
+
     def write_batch(self, records: list[Record]) -> None:
         payload = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
-        frame = _HEADER.pack(len(payload)) + payload
+        frame = HEADER.pack(len(payload)) + payload
         child = self._child
         if child is None or child.poll() is not None:
             self._spawn()  # it died: start a new one; this batch goes to the new child
@@ -107,8 +121,8 @@ def main(argv: list[str]) -> int:
     stream = sys.stdin.buffer
     last_error = 0.0
     try:
-        while (header := _read_exact(stream, _HEADER.size)) is not None:
-            payload = _read_exact(stream, _HEADER.unpack(header)[0])
+        while (header := _read_exact(stream, HEADER.size)) is not None:
+            payload = _read_exact(stream, HEADER.unpack(header)[0])
             if payload is None:
                 break
             try:

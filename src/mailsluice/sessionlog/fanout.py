@@ -36,6 +36,10 @@ class LogFanout(LogWriter):
         for writer in self.writers:
             writer.start()
 
+    def detach(self) -> None:
+        for writer in self.writers:
+            writer.detach()
+
     def close(self, timeout: float = 5.0) -> bool:
         results = [writer.close(timeout) for writer in self.writers]
         return all(results)

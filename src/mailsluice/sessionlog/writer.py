@@ -134,6 +134,11 @@ class LogWriter:
         self._thread = threading.Thread(target=self._run, name="mailsluice-log-writer", daemon=True)
         self._thread.start()
 
+    def detach(self) -> None:
+        """Stop work scheduled on the event loop (none here; see ``LoopPipeWriter``).
+
+        Called from the loop's thread before ``close``, which may run in another."""
+
     def close(self, timeout: float = 5.0) -> bool:
         """Write what is left, stop the thread and close the backend.
 
@@ -307,6 +312,7 @@ def open_log(url: str, queue_limit: int, *, process: bool = False) -> LogWriter:
     if process:  # checked and created here (errors at startup); written by a child process
         backend.close()
         from mailsluice.sessionlog.child import PipeBackend
+        from mailsluice.sessionlog.loopwriter import LoopPipeWriter
 
-        backend = PipeBackend(url)
+        return LoopPipeWriter(PipeBackend(url), queue_limit=queue_limit, name=parsed.text)
     return LogWriter(backend, queue_limit=queue_limit, name=parsed.text)
