@@ -163,6 +163,7 @@ def test_config_builds_chain_and_watchers(examples_on_path: None) -> None:
         ({"filters": {"type": "x"}}, "array of tables"),
         ({"plugins": [{"timeout": 1}]}, "name the plugin"),
         ({"filtering": {"timeout": -1}}, "at least"),
+        ({"filtering": {"timeout": 900}}, "at most 300"),
         ({"filtering": {"on_failure": "accept"}}, "is not one of"),
         ({"filtering": {"bogus": 1}}, "unknown setting"),
         ({"filters": [{"type": "trace-header"}], "message_size_limit": 0}, "cannot be used"),

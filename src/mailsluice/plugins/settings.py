@@ -41,6 +41,9 @@ __all__ = [
     "parse_plugins",
 ]
 
+# The client waits for the reply to its end-of-data (RFC 5321 §4.5.3.2.6: 10 minutes);
+# the filters, the DATA to the MX and its reply must fit in that budget.
+MAX_FILTER_TIMEOUT = 300.0
 FILTER_TYPES = ("trace-header", "patterns", "rate-limit", "milter", "plugin")
 FAILURE_POLICIES = {"tempfail": (451, "4.3.0 Error: message filter unavailable, try again later"),
                     "reject": (554, "5.3.0 Error: message filter failed")}  # fmt: skip
@@ -101,6 +104,12 @@ def parse_filtering(table: object) -> FilteringSettings:
         name = f"filtering.{key}"
         if key in ("timeout", "keepalive"):
             values[key] = _number(raw, name, 0.001)
+            if key == "timeout" and values[key] > MAX_FILTER_TIMEOUT:
+                raise PluginConfigError(
+                    f"{name}: {raw} s is longer than a sending MTA waits for the reply to "
+                    f"its end-of-data (RFC 5321: 10 minutes; ours must end well before): use "
+                    f"at most {MAX_FILTER_TIMEOUT:g}"
+                )
         elif key == "memory_limit":
             values[key] = int(_number(raw, name, 0))
         elif key == "on_failure":
