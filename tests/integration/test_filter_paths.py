@@ -166,3 +166,18 @@ async def test_mx_refusing_all_recipients_gets_554_without_filtering(proxy_facto
         assert (await client.command("RCPT TO:<nobody@mx.test>")).code == 550
         reply = await client.command("DATA")
         assert reply.code == 554
+
+
+async def test_the_whole_chain_has_a_budget(proxy_factory, monkeypatch) -> None:
+    # each filter within its own timeout, the two together over the chain's budget
+    monkeypatch.setattr("mailsluice.runtime.filterjob.MAX_FILTER_TIMEOUT", 0.6)
+    settings = filters(
+        scripted("accept", delay=0.4, name="first"),
+        scripted("accept", delay=0.4, name="second"),
+        timeout=1.0,
+    )
+    async with LedgerMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
+        replies = await send(proxy, make_message(new_token()))
+    assert (replies[-1].code, replies[-1].text.split(" ")[0]) == (451, "4.3.0")
+    assert not mx.ledger.messages
+    assert b"DATA\r\n" not in b"".join(c.received for c in mx.connections)

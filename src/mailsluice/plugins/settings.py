@@ -5,7 +5,7 @@ The TOML shape (``docs/plugins.md`` has the full reference)::
     log_sinks = ["postgresql://mailsluice@db/mail", "webhook:https://hooks.example/T1?events=reject"]
 
     [filtering]             # applies when [[filters]] has entries
-    timeout = 60            # seconds for the whole chain, per message
+    timeout = 60            # seconds for each filter (the whole chain: at most 300)
     on_failure = "tempfail" # a filter that fails: "tempfail" (451 4.3.0) or "reject" (554 5.3.0)
     memory_limit = 1048576  # bytes of a message kept in memory before it goes to a spool file
     spool_dir = ""          # where spool files go ("" = the system's temporary directory)

@@ -23,6 +23,7 @@ from mailsluice.filtering.chain import FilterChain, Outcome
 from mailsluice.filtering.message import iter_dot_stuffed
 from mailsluice.filtering.splice import Spliced
 from mailsluice.filtering.spool import MessageSpool
+from mailsluice.plugins.settings import MAX_FILTER_TIMEOUT
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 
@@ -115,6 +116,8 @@ class FilterDriver:
         self._chain = chain
         self._job: FilterJob | None = None
         self._scope: asyncio.Timeout | None = None  # the running chain; ``cancel`` ends it
+        self._cancelled = False
+        self._budget = MAX_FILTER_TIMEOUT
 
     def spool(self, data: bytes) -> None:
         job = self._job
@@ -128,23 +131,36 @@ class FilterDriver:
         job.add(data)
 
     async def decide(self, run: act.RunFilters, client: ClientInfo) -> ev.FilterDecided | None:
-        """The verdict, or None when ``cancel`` ended the run (the session is over)."""
+        """The verdict, or None when ``cancel`` ended the run (the session is over).
+
+        Each filter has its own timeout (the chain's); the whole chain gets at most
+        ``MAX_FILTER_TIMEOUT`` seconds (the client's patience for its end-of-data reply
+        must hold the filters, DATA and the MX's reply), then the failure policy applies.
+        """
         if self._job is None:  # an empty message: nothing was spooled
             self._job = FilterJob(memory_limit=0, size_limit=0, spool_dir=None)
         if self._chain is None:  # filter mode without a chain: a bug of ours
             raise RuntimeError("filter mode without a filter chain")
+        self._cancelled = False
         try:
-            async with asyncio.timeout(None) as scope:
+            async with asyncio.timeout(self._budget) as scope:
                 self._scope = scope
                 return await self._job.decide(self._chain, client, run)
         except TimeoutError:
-            return None
+            if self._cancelled:
+                return None
+            log.warning(
+                "session %s: the filters took more than %g s in all; %d %s",
+                client.session_id, self._budget, *self._settings.filtering.failure_reply,
+            )  # fmt: skip
+            return ev.FilterDecided(self._settings.filtering.failure_reply, "filter chain")
         finally:
             self._scope = None
 
     def cancel(self) -> None:
         scope = self._scope
         if scope is not None and not scope.expired():
+            self._cancelled = True
             scope.reschedule(asyncio.get_running_loop().time())
 
     async def send(self, write: Callable[[bytes], bool], writable: asyncio.Event) -> None:
