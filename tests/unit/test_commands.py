@@ -177,6 +177,14 @@ def test_source_route_is_dropped_from_the_address_but_not_the_wire() -> None:
     assert cmd.wire == b"RCPT TO:<@relay1,@relay2:user@example.com>\r\n"
 
 
+@pytest.mark.parametrize(
+    "line", [b"RCPT TO:<@re:@b@xb>", b"RCPT TO:<@b@xb>", b"MAIL FROM:<@a:@b@c.example>"]
+)
+def test_a_mailbox_starting_with_at_is_refused(line: bytes) -> None:
+    # found by fuzzing: "<@re:@b@xb>" parsed, but its canonical form "<@b@xb>" did not
+    assert isinstance(parse_command(line), CommandError)
+
+
 def test_smtputf8_address_kept_as_bytes() -> None:
     address = "jörg@bücher.example".encode()
     assert ok(b"MAIL FROM:<" + address + b"> SMTPUTF8").address == address

@@ -157,6 +157,8 @@ def _plausible_mailbox(address: bytes) -> bool:
     local, at, domain = address.rpartition(b"@")
     if not at or not local or not domain or len(address) > 512:
         return False
+    if local.startswith(b"@"):  # a second source route, not a local part (found by fuzzing)
+        return False
     return b" " not in domain and (b" " not in local or local.startswith(b'"'))
 
 
