@@ -132,6 +132,10 @@ class RelayBase:
             self._send_raw(reply)
             self._close(reason)
 
+    def _protocol_error(self, detail: str) -> None:
+        self._note(f"MX protocol error: {detail}")
+        self._fail(rp.upstream_protocol_error(self._host), "upstream-protocol-error")
+
     def _close(self, reason: str) -> None:
         if self._phase is Phase.CLOSED:
             return

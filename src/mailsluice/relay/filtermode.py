@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import outcome_of
-from mailsluice.relay.base import RelayBase
 from mailsluice.relay.config import BareNewlinePolicy
 from mailsluice.relay.pending import Pending, Phase, Purpose
 from mailsluice.relay.records import Direction
+from mailsluice.relay.tlssteps import TlsSteps
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.data import BodyScanner
 from mailsluice.smtp.replies import Reply
@@ -44,7 +44,7 @@ def unstuff(chunk: bytes, at_line_start: bool) -> bytes:
     return chunk.replace(b"\r\n.", b"\r\n")
 
 
-class FilterModeRelay(RelayBase):
+class FilterModeRelay(TlsSteps):
     """The filter-mode steps; ``session.Relay`` routes to them when filtering is on."""
 
     def _hold_data(self, command: Command) -> None:
@@ -151,7 +151,7 @@ class FilterModeRelay(RelayBase):
             self._pending.appendleft(Pending(Purpose.END_OF_DATA, barrier=True))
             return
         if not (reply.is_transient or reply.is_permanent):
-            self._fail_protocol(f"reply {reply.code} to DATA")
+            self._protocol_error(f"reply {reply.code} to DATA")
             return
         self._out.append(act.DropSpool())
         self._send_client(reply, Direction.SERVER_TO_CLIENT)  # the MX's refusal, as it is
@@ -162,7 +162,7 @@ class FilterModeRelay(RelayBase):
     def _complete_keepalive(self, reply: Reply) -> None:
         self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
         if not reply.is_positive:
-            self._fail_protocol(f"reply {reply.code} to our keepalive")
+            self._protocol_error(f"reply {reply.code} to our keepalive")
 
     def _keepalive(self, verb: bytes) -> None:
         """Send NOOP or RSET of our own; its reply is consumed (``_complete_keepalive``).
@@ -178,6 +178,3 @@ class FilterModeRelay(RelayBase):
         """The keepalive timer while the verdict is awaited."""
         self._keepalive(b"NOOP")
         self._timer = (0.0, False)  # re-announce the timer: the shell's one has fired
-
-    def _fail_protocol(self, detail: str) -> None:
-        raise NotImplementedError  # session.Relay._protocol_error

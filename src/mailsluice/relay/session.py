@@ -14,10 +14,14 @@ The rules that never bend, and where they are enforced:
 * 2xx to end-of-data only from the MX's 2xx to that end-of-data: ``_complete`` for
   END_OF_DATA; every fault path replies 4xx (``_fail``) or closes.
 * canonical bytes upstream: command lines are re-emitted from the validated line with
-  CRLF; bodies go through ``BodyScanner``; a refused body aborts the upstream
-  connection instead of sending the final dot.
-* nothing after DATA until the MX's 354 (``_sync_violation``: 554 as DATA's reply);
-  no plaintext read after the MX's 220 to STARTTLS (``_start_tls``).
+  CRLF; bodies go through ``BodyScanner`` (``bodysteps``); a refused body aborts the
+  upstream connection instead of sending the final dot.
+* nothing after DATA until the MX's 354 (``bodysteps._sync_violation``: 554 as DATA's
+  reply); no plaintext read after the MX's 220 to STARTTLS (``tlssteps``).
+
+The steps are split by subject: ``base`` (state and helpers), ``tlssteps`` (EHLO and
+STARTTLS), ``filtermode`` (the whole message before the MX, for filters), ``bodysteps``
+(the DATA body); ``Relay`` here holds the event dispatch and the command and reply flow.
 """
 
 from __future__ import annotations
@@ -27,14 +31,13 @@ from typing import assert_never
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import address_text, outcome_of
+from mailsluice.relay.bodysteps import BodySteps
 from mailsluice.relay.config import BareNewlinePolicy
-from mailsluice.relay.filtermode import FilterModeRelay
 from mailsluice.relay.pending import Pending, Phase, Purpose
 from mailsluice.relay.records import Direction
-from mailsluice.smtp import ehlo
 from mailsluice.smtp import replies as rp
 from mailsluice.smtp.commands import Command, CommandError, looks_like_http, parse_command
-from mailsluice.smtp.data import BodyFault, BodyScanner
+from mailsluice.smtp.data import BodyScanner
 from mailsluice.smtp.lines import Line, LineTooLong
 from mailsluice.smtp.replies import Reply, ReplySyntaxError
 
@@ -42,17 +45,12 @@ _FORWARDED = {
     "MAIL": Purpose.MAIL, "RCPT": Purpose.RCPT, "RSET": Purpose.RSET, "NOOP": Purpose.OTHER,
     "VRFY": Purpose.OTHER, "EXPN": Purpose.OTHER, "HELP": Purpose.OTHER,
 }  # fmt: skip
-_BODY_REFUSAL = {
-    BodyFault.NUL: (550, "5.6.0", "Error: NUL character in message content"),
-    BodyFault.BARE_NEWLINE: (550, "5.5.2", "Error: bare <CR> or <LF> received in message content"),
-    BodyFault.TOO_BIG: (552, "5.3.4", "Error: message exceeds the size limit"),
-}
 _DATA_WAITS = (Purpose.DATA, Purpose.LOCAL_DATA)  # DATA is out, its reply not yet given
 _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "VRFY",
                              "EXPN", "HELP"})  # fmt: skip
 
 
-class Relay(FilterModeRelay):
+class Relay(BodySteps):
     """State machine for one relayed session; see the module docstring."""
 
     def start(self) -> list[act.Action]:
@@ -247,83 +245,6 @@ class Relay(FilterModeRelay):
         self._account.add_recipient(command.address or b"")
         self._forward(command, Purpose.RCPT)
 
-    def _body(self, data: bytes) -> None:
-        scanner = self._scanner
-        assert scanner is not None
-        if self._headers is not None:
-            self._collect_headers(data)
-        chunk = scanner.feed(data)
-        if self._cfg.filtering:
-            self._spool(chunk.forward, chunk.done)
-        elif chunk.forward:
-            self._out.append(act.SendToServer(chunk.forward))
-        if not chunk.done:
-            return
-        self._scanner = None
-        self._phase = Phase.COMMANDS
-        if self._headers is not None:  # a message with no empty line: all of it is header
-            self._headers = self._headers[: self._headers.find(b"\r\n.\r\n") + 2]
-            self._log_headers(len(self._headers))
-        txn = self._account.transaction
-        if txn is not None:
-            txn.size = scanner.size
-        fault = scanner.fault
-        self._log_client(b"<message: %d bytes>" % scanner.size, Direction.CLIENT_TO_SERVER)
-        if self._cfg.filtering:
-            if fault is None:
-                self._message_taken()
-            else:
-                self._message_refused(Reply.make(*_BODY_REFUSAL[fault]))
-        elif fault is None:
-            self._pending.append(Pending(Purpose.END_OF_DATA))
-            self._barrier = True
-        else:
-            code, status, text = _BODY_REFUSAL[fault]
-            self._note(f"message refused ({fault.value}); upstream transaction aborted")
-            self._close_server()
-            reply = Reply.make(code, status, text)
-            self._local(reply)
-            self._emit_txn("rejected", reply)
-            self._barrier = False
-        if chunk.rest:
-            self._client_lines.feed(chunk.rest)
-
-    def _collect_headers(self, data: bytes) -> None:
-        """Keep the header section (up to the first empty line, capped) for the log."""
-        headers = self._headers
-        assert headers is not None
-        headers += data
-        end = headers.find(b"\r\n\r\n")
-        cap = self._cfg.max_logged_headers
-        if end < 0 and len(headers) < cap:
-            return
-        self._log_headers(end if end >= 0 else cap)
-
-    def _log_headers(self, size: int) -> None:
-        headers = self._headers
-        assert headers is not None
-        text = bytes(headers[:size]).rstrip(b"\r\n").decode("utf-8", "backslashreplace")
-        self._log_line(Direction.CLIENT_TO_SERVER, "<headers>\n" + text.replace("\r\n", "\n"))
-        self._headers = None
-
-    def _sync_violation(self, data_entry: Pending | None) -> None:
-        """The client sent more after DATA before the MX's 354 (RFC 2920 §3.1).
-
-        Its reply to DATA becomes 554 5.5.0 and the session ends; the replies owed before
-        it (MAIL, RCPT) still go out first, in order. Nothing more is read from the client,
-        and the MX never gets a body: DATA is either not sent at all, or its transaction is
-        aborted by the close (the MX's late reply to DATA is never waited for).
-        """
-        self._note("client sent data before the MX's 354: SMTP protocol synchronization error")
-        self._desynced = True
-        reply = Reply.make(554, "5.5.0", "Error: SMTP protocol synchronization")
-        if data_entry is None:
-            self._local(reply, close=True, reason="sync-violation")
-            return
-        data_entry.purpose, data_entry.reply, data_entry.from_server = Purpose.LOCAL, reply, False
-        data_entry.close_after, data_entry.close_reason = True, "sync-violation"
-        self._flush()
-
     # ----------------------------------------------------------------- server side
     def _server_data(self, data: bytes) -> None:
         if self._phase is Phase.TLS_HANDSHAKE:
@@ -435,65 +356,6 @@ class Relay(FilterModeRelay):
         if entry.barrier:
             self._barrier = False
         self._maybe_goodbye()
-
-    def _ehlo_reply(self, entry: Pending, reply: Reply) -> None:
-        offered = ehlo.keywords(reply) if reply.is_positive else {}
-        first_tls = self._tls_allowed and self._account.tls is None  # never TLS inside TLS
-        if entry.stage == 0 and "STARTTLS" in offered and first_tls:
-            if self._server_lines.buffered:  # sent before our STARTTLS: it cannot answer it
-                self._protocol_error("reply before STARTTLS was sent")
-                return
-            self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
-            entry.stage, entry.fallback, entry.reply = 1, reply, None
-            self._pending.appendleft(entry)
-            self._pending.appendleft(Pending(Purpose.STARTTLS, internal=True))
-            self._log_line(Direction.PROXY_TO_SERVER, "STARTTLS")
-            self._out.append(act.SendToServer(b"STARTTLS\r\n"))
-            return
-        edited = ehlo.edit_for_client(reply, self._cfg.message_size_limit)
-        if edited == reply:
-            self._send_client(reply, Direction.SERVER_TO_CLIENT)
-        else:
-            self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
-            self._send_client(edited, Direction.PROXY_TO_CLIENT)
-        self._barrier = False
-        self._maybe_goodbye()
-
-    def _starttls_reply(self, reply: Reply) -> None:
-        self._log_line(Direction.SERVER_TO_PROXY, reply.transcript())
-        ehlo_entry = self._pending[0]
-        if reply.code != 220:
-            self._note("MX refused STARTTLS; continuing in plaintext")
-            ehlo_entry.reply, ehlo_entry.stage = ehlo_entry.fallback, 2
-            return
-        if self._server_lines.buffered or self._replies.in_progress:
-            self._injection()
-            return
-        self._phase = Phase.TLS_HANDSHAKE
-        self._out.append(act.StartServerTls())
-
-    def _tls_started(self, version: str, cipher: str, verified: bool) -> None:
-        self._account.tls = (version, cipher, verified)
-        self._note(f"TLS established: {version} {cipher} verified={verified}")
-        self._phase = Phase.COMMANDS
-        entry = self._pending[0]
-        entry.stage = 2
-        assert entry.command is not None
-        self._log_line(Direction.PROXY_TO_SERVER, address_text(entry.command.line))
-        self._out.append(act.SendToServer(entry.command.wire))
-
-    def _injection(self) -> None:
-        self._note("STARTTLS response injection: bytes after the MX's 220 before the handshake")
-        self._fail(
-            Reply.make(421, "4.7.0", f"{self._host} Error: TLS negotiation failed"), "tls-injection"
-        )
-
-    def _fail_protocol(self, detail: str) -> None:
-        self._protocol_error(detail)
-
-    def _protocol_error(self, detail: str) -> None:
-        self._note(f"MX protocol error: {detail}")
-        self._fail(rp.upstream_protocol_error(self._host), "upstream-protocol-error")
 
     def _server_closed(self, reason: str) -> None:
         was_open, self._server_open = self._server_open, False
