@@ -25,8 +25,16 @@ from mailsluice.relay import events as ev
 from mailsluice.relay.session import Relay
 from mailsluice.runtime.dialer import LOCAL_SHORTAGE, dial, plain_host
 from mailsluice.runtime.filterjob import FilterDriver
+from mailsluice.runtime.linger import LINGER_BYTES, LINGER_SECONDS, LingeringClose
 
-__all__ = ["ClientProtocol", "Session", "format_address", "plain_host"]
+__all__ = [
+    "LINGER_BYTES",
+    "LINGER_SECONDS",
+    "ClientProtocol",
+    "Session",
+    "format_address",
+    "plain_host",
+]
 
 if TYPE_CHECKING:
     from mailsluice.runtime.server import ProxyContext
@@ -39,10 +47,6 @@ _Actions = list[act.Action]
 def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-LINGER_SECONDS = 5.0  # a closed client's input is drained this long at most (lingering close)
-LINGER_BYTES = 1 << 20  # ... and this much at most
 
 
 class _Side(asyncio.Protocol):
@@ -99,8 +103,7 @@ class Session:
         self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
         self._data_block = context.settings.relay.timeouts.data_block
         self._min_rate = context.settings.relay.timeouts.client_min_rate
-        self._lingering: asyncio.Transport | None = None  # closed client, drained before close
-        self._drained = 0
+        self._lingering = LingeringClose(self._loop)  # a closed client, drained before close
         self._max_backlog = context.settings.relay.max_pending_input
         self._timer: asyncio.TimerHandle | None = None
         self._work: asyncio.Future[None] = self._loop.create_future()
@@ -190,8 +193,8 @@ class Session:
         """
         relay = self.relay
         if relay is None or relay.closed:
-            if from_client and self._lingering is not None:
-                self._drain(len(data))
+            if from_client and self._lingering.transport is not None:
+                self._lingering.drain(len(data))
             return
         if not from_client:
             if self._timer_on_server:
@@ -327,31 +330,8 @@ class Session:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
     def _linger(self, client: asyncio.Transport) -> None:
-        """Close the client without destroying our last replies.
-
-        Closing a socket with unread input makes the kernel send a reset, and a reset can
-        discard replies the client has not read yet (the 421 after a command flood, the
-        554 to a pipelining violation). So: half-close once our replies are flushed, read
-        and discard what still comes for at most ``LINGER_SECONDS`` or ``LINGER_BYTES``,
-        then close (the client's own close ends it sooner).
-        """
-        if client.is_closing() or not client.can_write_eof():
-            client.close()
-            return
-        try:
-            client.write_eof()
-        except OSError:  # the client is already gone (reset)
-            client.abort()
-            return
-        self._lingering = client
-        client.resume_reading()
-        self._loop.call_later(LINGER_SECONDS, client.close)
-
-    def _drain(self, size: int) -> None:
-        self._drained += size
-        if self._drained > LINGER_BYTES and self._lingering is not None:
-            self._lingering.abort()
-            self._lingering = None
+        """Close the client without destroying our last replies (``runtime.linger``)."""
+        self._lingering.start(client)
 
     def _session_id(self) -> str:
         return self.relay.session_id if self.relay is not None else "?"
