@@ -111,9 +111,7 @@ class Session:
         self._want_tls = False
         self._want_filter: act.RunFilters | None = None  # filter mode: judge the message
         self._want_send = False  # filter mode: send the judged message to the MX
-        self._filters = FilterDriver(context.settings, context.filter_chain)
-        self._writable = asyncio.Event()  # the MX's write buffer has room
-        self._writable.set()
+        self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
         self._outbound: tuple[str, int, str, int] | None = None  # our (src, dst) toward the MX
         self.destination: tuple[str, int] = ("", 0)
         self.relay: Relay | None = None
@@ -167,7 +165,7 @@ class Session:
                     await self._run_filters(run)
                 elif self._want_send:
                     self._want_send = False
-                    await self._filters.send(self._write_server, self._writable)
+                    await self._driver().send(self._write_server)
                 else:
                     await self._work
                     self._work = self._loop.create_future()
@@ -255,10 +253,8 @@ class Session:
         other = self._server if to_client else self._client
         if not to_client:
             self._server_blocked = paused
-            if paused:
-                self._writable.clear()
-            else:
-                self._writable.set()
+            if self._filters is not None:
+                self._filters.server_writable(not paused)
             if paused:
                 self._write_deadline = self._loop.time() + self._data_block
                 self._schedule(self._write_deadline)
@@ -312,10 +308,11 @@ class Session:
                     self._linger(client)
                 else:
                     client.close()
-                self._filters.cancel()
+                if self._filters is not None:
+                    self._filters.cancel()
                 self._wake()
             case act.SpoolData(data):
-                self._filters.spool(data)
+                self._driver().spool(data)
             case act.RunFilters():
                 self._want_filter = action
                 self._wake()
@@ -323,7 +320,8 @@ class Session:
                 self._want_send = True
                 self._wake()
             case act.DropSpool():
-                self._filters.drop()
+                if self._filters is not None:
+                    self._filters.drop()
             case act.TlsBroken():
                 self._ctx.tls_failed(format_address(self.destination), time.time())
             case _:
@@ -445,7 +443,7 @@ class Session:
             helo=run.helo,
             source_ip=self._ctx.settings.outbound_ip,
         )
-        decided = await self._filters.decide(run, client)
+        decided = await self._driver().decide(run, client)
         if decided is not None:
             self._feed(decided)
 
@@ -456,8 +454,18 @@ class Session:
         server.write(data)
         return True
 
+    def _driver(self) -> FilterDriver:
+        """The session's filter-mode state, made when filter mode first needs it."""
+        if self._filters is None:
+            ctx = self._ctx
+            self._filters = FilterDriver(
+                ctx.settings, ctx.filter_chain, writable=not self._server_blocked
+            )
+        return self._filters
+
     def _teardown(self) -> None:
-        self._filters.drop()
+        if self._filters is not None:
+            self._filters.drop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

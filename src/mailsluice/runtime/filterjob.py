@@ -111,8 +111,13 @@ async def send_message(
 class FilterDriver:
     """A session's filter-mode state: the current job, and the chain run it may cancel."""
 
-    def __init__(self, settings: Settings, chain: FilterChain | None) -> None:
+    def __init__(
+        self, settings: Settings, chain: FilterChain | None, *, writable: bool = True
+    ) -> None:
         self._settings = settings
+        self._writable = asyncio.Event()  # the MX's write buffer has room
+        if writable:
+            self._writable.set()
         self._chain = chain
         self._job: FilterJob | None = None
         self._scope: asyncio.Timeout | None = None  # the running chain; ``cancel`` ends it
@@ -163,12 +168,18 @@ class FilterDriver:
             self._cancelled = True
             scope.reschedule(asyncio.get_running_loop().time())
 
-    async def send(self, write: Callable[[bytes], bool], writable: asyncio.Event) -> None:
+    def server_writable(self, writable: bool) -> None:
+        if writable:
+            self._writable.set()
+        else:
+            self._writable.clear()
+
+    async def send(self, write: Callable[[bytes], bool]) -> None:
         job = self._job
         if job is None:
             return
         try:
-            await send_message(job, write, writable)
+            await send_message(job, write, self._writable)
         finally:
             self.drop()  # all sent (or the MX is gone); its reply decides, as always
 
