@@ -302,12 +302,11 @@ class Session:
                     server.close()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
-                if client is None:
-                    pass
-                elif linger:
-                    self._linger(client)
-                else:
-                    client.close()
+                if client is not None:
+                    if linger:
+                        self._linger(client)
+                    else:
+                        client.close()
                 if self._filters is not None:
                     self._filters.cancel()
                 self._wake()

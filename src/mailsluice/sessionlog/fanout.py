@@ -8,7 +8,6 @@ plugin) drops only its own records, counted, and never delays mail or the others
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
 from mailsluice.relay.records import Record
 from mailsluice.sessionlog.writer import LogWriter
@@ -59,15 +58,3 @@ class LogFanout(LogWriter):
     @property
     def pending(self) -> int:
         return sum(w.pending for w in self.writers)
-
-    def __enter__(self) -> LogFanout:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

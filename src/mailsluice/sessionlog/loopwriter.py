@@ -10,8 +10,9 @@ is full (the child is slow), frames wait in memory, at most ``max_backlog`` byte
 past that a batch is dropped and counted, never held against mail. A child that died
 is replaced (what was in its pipe is lost, counted as a failed batch).
 
-``submit`` is the same deque append as ``LogWriter``'s. Started outside an event loop
-(tests, tools) the writer falls back to ``LogWriter``'s thread. ``detach`` (from the
+``submit`` is ``LogWriter``'s deque append; only its wake-up differs (a loop
+callback). Started outside an event loop (tests, tools) the writer falls back to
+``LogWriter``'s thread. ``detach`` (from the
 loop thread) stops the loop callbacks; ``close`` then writes what is left, blocking.
 """
 
@@ -23,7 +24,6 @@ import os
 import pickle
 from collections import deque
 
-from mailsluice.relay.records import Record
 from mailsluice.sessionlog.child import HEADER, PipeBackend
 from mailsluice.sessionlog.writer import LogWriter
 
@@ -74,19 +74,12 @@ class LoopPipeWriter(LogWriter):
         self._attach_pipe()
         self._timer = loop.call_later(self._interval, self._tick)
 
-    def submit(self, record: Record) -> None:
-        pending = self._pending
-        n = len(pending)
-        if n >= self._limit or self._closing:
-            self._overflow += 1
-            return
-        pending.append(record)
-        if n == self._wake_at:
-            if self._loop is None:
-                self._wake.set()  # thread mode
-            elif not self._soon:
-                self._soon = True
-                self._loop.call_soon(self._flush)
+    def _wake_writer(self) -> None:
+        if self._loop is None:
+            super()._wake_writer()  # thread mode
+        elif not self._soon:
+            self._soon = True
+            self._loop.call_soon(self._flush)
 
     def detach(self) -> None:
         """Stop the loop callbacks (call from the loop's thread before ``close``)."""

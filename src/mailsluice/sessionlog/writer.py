@@ -99,7 +99,11 @@ class LogWriter:
             return
         pending.append(record)
         if n == self._wake_at:
-            self._wake.set()
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """Enough records wait: have them written now, not at the next interval."""
+        self._wake.set()
 
     # -- counters -------------------------------------------------------------------
 
