@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sessions one client address may hold per worker (default 200, 0 = no cap)",
     )
+    serve.add_argument(
+        "--reuse-connections",
+        action="store_const",
+        const=True,
+        help="keep MX connections a session leaves cleanly for the client's next session",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every session event")
 
     check = sub.add_parser("check-config", help="validate a configuration file")
@@ -76,7 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     settings = load_file(args.config) if getattr(args, "config", None) else Settings()
     flags: dict[str, object] = {}
     names = ("listen", "upstream", "outbound_ip", "log", "message_size_limit", "workers",
-             "max_connections_per_client")  # fmt: skip
+             "max_connections_per_client", "reuse_connections")  # fmt: skip
     for name in names:
         value = getattr(args, name, None)
         if value is not None:

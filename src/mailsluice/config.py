@@ -67,6 +67,12 @@ class Settings:
     max_connections_per_client: int = 200
     workers: int = 1  # processes sharing the listening port (SO_REUSEPORT)
     shutdown_grace: float = 60.0  # seconds in-flight transactions get on SIGTERM
+    # connection reuse (``runtime.upstreampool``): an MX connection a session leaves
+    # cleanly waits this long for the same client's next session to that destination
+    reuse_connections: bool = False
+    reuse_idle_timeout: float = 5.0  # seconds unused before it is closed (QUIT)
+    reuse_max_age: float = 300.0  # seconds after the dial: not kept any longer
+    reuse_max_idle: int = 32  # idle connections kept per (client, destination, source)
     verbose: bool = False
     relay: RelayConfig = field(default_factory=RelayConfig)
     log_sinks: tuple[str, ...] = ()  # more sinks fed the same records (postgresql:, webhook:, ...)
@@ -198,6 +204,16 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top["max_connections_per_client"] = int(_number(raw, key, integer=True))
             case "shutdown_grace":
                 top["shutdown_grace"] = _number(raw, key, minimum=0)
+            case "reuse_connections":
+                if not isinstance(raw, bool):
+                    raise ConfigError("reuse_connections: expected true or false")
+                top["reuse_connections"] = raw
+            case "reuse_idle_timeout":
+                top["reuse_idle_timeout"] = _number(raw, key, minimum=0.001)
+            case "reuse_max_age":
+                top["reuse_max_age"] = _number(raw, key, minimum=0.001)
+            case "reuse_max_idle":
+                top["reuse_max_idle"] = int(_number(raw, key, minimum=1, integer=True))
             case "log_process":
                 if not isinstance(raw, bool):
                     raise ConfigError("log_process: expected true or false")

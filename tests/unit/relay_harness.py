@@ -82,6 +82,8 @@ class Harness:
     config: RelayConfig = field(default_factory=RelayConfig)
     refusal: Reply | None = None
     tls_allowed: bool = True
+    reused: act.ReusedUpstream | None = None  # start on an open MX connection (reuse)
+    may_release: bool = False  # connection reuse on: QUIT may keep the MX connection
     now: float = 1_000.0
     log: list[act.Action] = field(default_factory=list)  # every action so far
 
@@ -94,6 +96,8 @@ class Harness:
             source_ip="203.0.113.5",
             tls_allowed=self.tls_allowed,
             refusal=self.refusal,
+            reused=self.reused,
+            may_release=self.may_release,
             now=self.now,
         )
         self.started = self.relay.start()

@@ -97,6 +97,14 @@ def _mailsluice_missing() -> str | None:
 TRACE_FILTER_CONFIG = '[[filters]]\ntype = "trace-header"\n'
 
 
+REUSE_CONFIG = "reuse_connections = true\n"
+
+
+def _mailsluice_reuse(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
+    """mailsluice keeping MX connections for the client's next session."""
+    return _mailsluice(ctx, config=REUSE_CONFIG)
+
+
 def _mailsluice_trace(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
     """mailsluice in filter mode: the trace-header filter on every message."""
     return _mailsluice(ctx, config=TRACE_FILTER_CONFIG)
@@ -354,6 +362,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("direct", "smtp-source straight to smtp-sink", lambda: None, _direct),
     Variant("mailsluice", "mailsluice serve --upstream, session log on", _mailsluice_missing,
             _mailsluice),
+    Variant("mailsluice-reuse", "mailsluice with connection reuse toward the MX",
+            _mailsluice_missing, _mailsluice_reuse),
     Variant("mailsluice-trace", "mailsluice with the trace-header filter (filter mode)",
             _mailsluice_missing, _mailsluice_trace),
     Variant("nginx", "nginx stream TCP proxy", _nginx_missing, _nginx),

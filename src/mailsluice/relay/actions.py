@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mailsluice.relay.records import Record
+from mailsluice.smtp.replies import Reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,34 @@ class SendSpooled:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamState:
+    """What a client of an open MX connection is told without asking the MX again: the
+    MX's greeting, and the (client-facing) reply to the last EHLO or HELO."""
+
+    greeting: Reply
+    hello: str  # that command, as "EHLO name" or "HELO name"
+    hello_reply: Reply
+    tls: tuple[str, str, bool] | None  # version, cipher, verified; None = plaintext
+
+
+@dataclass(frozen=True, slots=True)
+class ReusedUpstream:
+    """An idle MX connection handed to a new session (connection reuse, the shell's pool)."""
+
+    state: UpstreamState
+    source: str  # our end of it, "ip:port"
+    sessions: int  # client sessions it has carried before this one
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseServer:
+    """Keep the upstream connection open for a later session (instead of QUIT): it is
+    idle, after EHLO, with no transaction. The relay no longer owns it."""
+
+    state: UpstreamState
+
+
+@dataclass(frozen=True, slots=True)
 class DropSpool:
     """Filter mode: the message will not be relayed; forget what was spooled."""
 
@@ -110,4 +139,5 @@ Action = (
     | RunFilters
     | SendSpooled
     | DropSpool
+    | ReleaseServer
 )

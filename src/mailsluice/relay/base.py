@@ -35,6 +35,8 @@ class RelayBase:
         source_ip: str | None = None,
         tls_allowed: bool = True,
         refusal: Reply | None = None,
+        reused: act.ReusedUpstream | None = None,
+        may_release: bool = False,
         now: float,
     ) -> None:
         self._cfg = config
@@ -64,6 +66,14 @@ class RelayBase:
         self._filtering = False  # the filters' verdict is awaited
         self._spool_line_start = True  # the last spooled chunk ended a line
         self._upstream_at = now  # last exchange with the MX (the keepalive's clock)
+        # connection reuse (``reusesteps``): what a later session on this MX connection is
+        # told without asking the MX again; whether the shell may keep it at QUIT
+        self._reused = reused
+        self._may_release = may_release
+        state = reused.state if reused is not None else None
+        self._greeting: Reply | None = state.greeting if state else None
+        self._hello: tuple[str, Reply] | None = (state.hello, state.hello_reply) if state else None
+        self._hello_from_cache = state is not None  # first EHLO/HELO of a reused session
 
     # ----------------------------------------------------------------- public API
     @property

@@ -26,7 +26,7 @@ from mailsluice.relay.accounting import outcome_of
 from mailsluice.relay.config import BareNewlinePolicy
 from mailsluice.relay.pending import Pending, Phase, Purpose
 from mailsluice.relay.records import Direction
-from mailsluice.relay.tlssteps import TlsSteps
+from mailsluice.relay.reusesteps import ReuseSteps
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.data import BodyScanner
 from mailsluice.smtp.replies import Reply
@@ -44,7 +44,7 @@ def unstuff(chunk: bytes, at_line_start: bool) -> bytes:
     return chunk.replace(b"\r\n.", b"\r\n")
 
 
-class FilterModeRelay(TlsSteps):
+class FilterModeRelay(ReuseSteps):
     """The filter-mode steps; ``session.Relay`` routes to them when filtering is on."""
 
     def _hold_data(self, command: Command) -> None:

@@ -62,6 +62,10 @@ class Relay(BodySteps):
             self._send_client(self._refusal, Direction.PROXY_TO_CLIENT)
             self._close("refused")
             return out
+        if self._reused is not None:  # an open MX connection: no dial, no greeting wait
+            self._start_reused(self._reused)
+            self._arm_timer()
+            return out
         self._pending.append(Pending(Purpose.GREETING))
         out.append(act.ConnectServer())
         t = self._cfg.timeouts
@@ -190,6 +194,10 @@ class Relay(BodySteps):
             self._local(rp.upstream_lost(self._host), close=True)
             return
         if verb == "EHLO" or verb == "HELO":
+            if self._hello_from_cache and self._hello_cached(parsed):
+                return
+            self._hello_from_cache = False
+            self._hello = None  # until the MX's positive reply to this one
             self._abort_transaction()
             self._account.helo = address_text(parsed.argument)
             self._forward(parsed, Purpose.EHLO if verb == "EHLO" else Purpose.HELO, barrier=True)
@@ -210,7 +218,9 @@ class Relay(BodySteps):
                 self._abort_transaction()
             self._forward(parsed, _FORWARDED[verb])
         elif verb == "QUIT":
-            if self._server_open:
+            if self._try_release(parsed):
+                pass
+            elif self._server_open:
                 self._forward(parsed, Purpose.QUIT, barrier=True)
             else:
                 self._log_client(parsed.line, Direction.CLIENT_TO_PROXY)
@@ -310,6 +320,7 @@ class Relay(BodySteps):
             self._close("upstream-421")
             return
         if purpose is Purpose.GREETING:
+            self._remember_greeting(reply)
             self._phase = Phase.COMMANDS
             self._send_client(reply, Direction.SERVER_TO_CLIENT)
             self._maybe_goodbye()
@@ -345,6 +356,8 @@ class Relay(BodySteps):
             self._maybe_goodbye()
             return
         self._send_client(reply, Direction.SERVER_TO_CLIENT)
+        if purpose is Purpose.HELO:
+            self._remember_hello(entry, reply)
         txn = self._account.transaction
         if purpose is Purpose.MAIL and not reply.is_positive:
             self._emit_txn("rejected", reply)

@@ -22,6 +22,9 @@ from mailsluice.smtp.replies import Reply
 class TlsSteps(RelayBase):
     """EHLO, STARTTLS and the handshake's outcome; ``session.Relay`` routes to them."""
 
+    def _remember_hello(self, entry: Pending, client_reply: Reply) -> None:
+        """Connection reuse keeps what the client was told (``reusesteps``)."""
+
     def _ehlo_reply(self, entry: Pending, reply: Reply) -> None:
         offered = ehlo.keywords(reply) if reply.is_positive else {}
         first_tls = self._tls_allowed and self._account.tls is None  # never TLS inside TLS
@@ -37,6 +40,7 @@ class TlsSteps(RelayBase):
             self._out.append(act.SendToServer(b"STARTTLS\r\n"))
             return
         edited = ehlo.edit_for_client(reply, self._cfg.message_size_limit)
+        self._remember_hello(entry, edited)
         if edited == reply:
             self._send_client(reply, Direction.SERVER_TO_CLIENT)
         else:

@@ -26,6 +26,7 @@ from mailsluice.relay.session import Relay
 from mailsluice.runtime.dialer import LOCAL_SHORTAGE, dial, plain_host
 from mailsluice.runtime.filterjob import FilterDriver
 from mailsluice.runtime.linger import LINGER_BYTES, LINGER_SECONDS, LingeringClose
+from mailsluice.runtime.upstreampool import Pooled, PoolKey, UpstreamPool
 
 __all__ = [
     "LINGER_BYTES",
@@ -47,6 +48,35 @@ _Actions = list[act.Action]
 def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Upstream:
+    """Where this session's MX connection came from: what a pool entry records."""
+
+    __slots__ = ("key", "opened_at", "sessions", "source")
+
+    def __init__(self) -> None:
+        self.key: PoolKey | None = None  # the pool's key for this session (reuse on)
+        self.source = "?"  # our end, "ip:port"
+        self.opened_at = 0.0  # loop time of the dial
+        self.sessions = 0  # client sessions before this one on the connection
+
+    def dialled(self, source: str, at: float) -> None:
+        self.source, self.opened_at, self.sessions = source, at, 0
+
+    def adopt(self, entry: Pooled) -> None:
+        self.source, self.opened_at, self.sessions = entry.source, entry.opened_at, entry.sessions
+
+    def pooled(
+        self,
+        transport: asyncio.Transport,
+        state: act.UpstreamState,
+        outbound: tuple[str, int, str, int] | None,
+    ) -> Pooled:
+        return Pooled(
+            transport=transport, state=state, source=self.source, outbound=outbound,
+            opened_at=self.opened_at, sessions=self.sessions + 1,
+        )  # fmt: skip
 
 
 class _Side(asyncio.Protocol):
@@ -113,6 +143,7 @@ class Session:
         self._want_send = False  # filter mode: send the judged message to the MX
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
         self._outbound: tuple[str, int, str, int] | None = None  # our (src, dst) toward the MX
+        self._upstream = Upstream()  # the MX connection's history, for reuse
         self.destination: tuple[str, int] = ("", 0)
         self.relay: Relay | None = None
         self._prepare(client)
@@ -132,6 +163,9 @@ class Session:
         if refusal is None:
             refusal = ctx.admit(peer[0], self.destination, sock)
         dest = format_address(self.destination)
+        reused = None
+        if ctx.pool is not None and refusal is None:
+            reused = self._take_pooled(ctx.pool, peer[0])
         self.relay = Relay(
             config=ctx.settings.relay,
             session_id=ctx.new_session_id(),
@@ -140,8 +174,24 @@ class Session:
             source_ip=ctx.settings.outbound_ip,
             tls_allowed=ctx.tls_allowed(dest, now),
             refusal=refusal,
+            reused=reused,
+            may_release=ctx.pool is not None,
             now=now,
         )
+
+    def _take_pooled(self, pool: UpstreamPool, client_ip: str) -> act.ReusedUpstream | None:
+        """An idle MX connection this client left for this destination, made ours."""
+        host, port = self._ctx.upstream_for(self.destination)
+        key = (client_ip, host, port, self._ctx.settings.outbound_ip)
+        self._upstream.key = key
+        entry = pool.take(key)
+        if entry is None:
+            return None
+        entry.transport.set_protocol(_Side(self, client=False))
+        self._server = entry.transport
+        self._outbound, entry.outbound = entry.outbound, None
+        self._upstream.adopt(entry)
+        return act.ReusedUpstream(entry.state, entry.source, entry.sessions)
 
     def begin(self) -> None:
         """Start the relay (in ``connection_made``, before any data can arrive)."""
@@ -321,10 +371,24 @@ class Session:
             case act.DropSpool():
                 if self._filters is not None:
                     self._filters.drop()
+            case act.ReleaseServer(state):
+                server, self._server = self._server, None
+                if server is not None:
+                    self._release(server, state)
             case act.TlsBroken():
                 self._ctx.tls_failed(format_address(self.destination), time.time())
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    def _release(self, server: asyncio.Transport, state: act.UpstreamState) -> None:
+        """Leave the idle MX connection in the pool (the relay said ``ReleaseServer``)."""
+        pool, key = self._ctx.pool, self._upstream.key
+        if pool is None or key is None:  # pragma: no cover - the relay only releases then
+            server.close()
+            return
+        entry = self._upstream.pooled(server, state, self._outbound)
+        self._outbound = None  # the pool owns it now (and forgets it when it drops it)
+        pool.put(key, entry, self._loop.time())
 
     def _linger(self, client: asyncio.Transport) -> None:
         """Close the client without destroying our last replies (``runtime.linger``)."""
@@ -397,8 +461,9 @@ class Session:
             transport.close()
             return
         self._server = transport
-        source = self._outbound[:2] if self._outbound else ("?", 0)
-        self._feed(ev.ServerConnected(format_address(source)))
+        source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
+        self._upstream.dialled(source, self._loop.time())
+        self._feed(ev.ServerConnected(source))
 
     def _register(self, pair: tuple[str, int, str, int]) -> None:
         self._outbound = pair

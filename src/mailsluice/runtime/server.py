@@ -38,6 +38,7 @@ from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
 from mailsluice.runtime.listener import Listener, descriptor_capacity, listening_sockets
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
+from mailsluice.runtime.upstreampool import UpstreamPool
 from mailsluice.runtime.workers import supervise
 from mailsluice.sessionlog.fanout import LogFanout
 from mailsluice.sessionlog.writer import LogWriter, open_log
@@ -78,6 +79,12 @@ class ProxyContext:
         )
         self._slots: dict[Session, str] = {}  # admitted session -> its client key
         self._unclaimed: str | None = None  # slot taken by ``admit`` for the session being made
+        self.pool: UpstreamPool | None = None  # idle MX connections (reuse_connections)
+        if settings.reuse_connections:
+            self.pool = UpstreamPool(
+                idle_timeout=settings.reuse_idle_timeout, max_age=settings.reuse_max_age,
+                max_idle=settings.reuse_max_idle, forget=self.outbound.discard,
+            )  # fmt: skip
 
     def new_session_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids):06d}"
@@ -260,6 +267,8 @@ class Proxy:
         self.context.accepting = False
         for listener in self._listeners:
             listener.close()
+        if self.context.pool is not None:
+            self.context.pool.close()  # idle MX connections get their QUIT now
         sessions = self.context.sessions
         for session in list(sessions):
             session.shutdown(forced=False)

@@ -1,0 +1,145 @@
+"""The pool of idle MX connections (``runtime.upstreampool``), with in-memory transports."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from mailsluice.relay.actions import UpstreamState
+from mailsluice.runtime.upstreampool import Pooled, UpstreamPool
+from mailsluice.smtp.replies import Reply
+
+pytestmark = pytest.mark.unit
+
+KEY = ("192.0.2.10", "198.51.100.25", 25, None)
+OTHER_CLIENT = ("192.0.2.11", "198.51.100.25", 25, None)
+STATE = UpstreamState(
+    Reply.make(220, None, "mx.example ESMTP"), "EHLO a.example", Reply.make(250, None, "mx"), None
+)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+        self.buffered = 0
+        self.protocol: Any = None
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+
+def entry(transport: FakeTransport, *, opened_at: float = 0.0, n: int = 1) -> Pooled:
+    return Pooled(
+        transport=transport,  # type: ignore[arg-type]
+        state=STATE,
+        source=f"203.0.113.5:{50000 + n}",
+        outbound=("203.0.113.5", 50000 + n, "198.51.100.25", 25),
+        opened_at=opened_at,
+        sessions=n,
+    )
+
+
+def make_pool(forgotten: list[Any], **kwargs: Any) -> UpstreamPool:
+    options: dict[str, Any] = {"idle_timeout": 5.0, "max_age": 300.0, "max_idle": 4}
+    options.update(kwargs)
+    return UpstreamPool(forget=forgotten.append, **options)
+
+
+async def test_take_gives_the_newest_connection_of_the_same_key_only() -> None:
+    forgotten: list[Any] = []
+    pool = make_pool(forgotten)
+    first, second = FakeTransport(), FakeTransport()
+    assert pool.put(KEY, entry(first, n=1), now=1.0)
+    assert pool.put(KEY, entry(second, n=2), now=1.0)
+    assert pool.take(OTHER_CLIENT) is None  # another tenant never gets it
+    taken = pool.take(KEY)
+    assert taken is not None
+    assert taken.transport is second
+    assert taken.outbound == ("203.0.113.5", 50002, "198.51.100.25", 25)  # still registered
+    assert len(pool) == 1
+    assert forgotten == []
+    assert (pool.kept, pool.reused, pool.dropped) == (2, 1, 0)
+
+
+async def test_the_mx_speaking_or_closing_while_idle_drops_the_connection() -> None:
+    forgotten: list[Any] = []
+    pool = make_pool(forgotten)
+    talker, closer = FakeTransport(), FakeTransport()
+    pool.put(KEY, entry(talker, n=1), now=0.0)
+    pool.put(KEY, entry(closer, n=2), now=0.0)
+    talker.protocol.data_received(b"421 4.4.2 idle timeout\r\n")
+    closer.protocol.connection_lost(None)
+    assert pool.take(KEY) is None
+    assert talker.closed
+    assert talker.written == b""
+    assert len(forgotten) == 2
+
+
+async def test_an_idle_connection_expires_with_a_quit() -> None:
+    forgotten: list[Any] = []
+    pool = make_pool(forgotten, idle_timeout=0.05)
+    transport = FakeTransport()
+    pool.put(KEY, entry(transport), now=0.0)
+    await asyncio.sleep(0.15)
+    assert transport.written == b"QUIT\r\n"
+    assert transport.closed
+    assert pool.take(KEY) is None
+    assert forgotten == [("203.0.113.5", 50001, "198.51.100.25", 25)]
+
+
+@pytest.mark.parametrize("why", ["too-old", "full", "unsent-bytes", "closed-pool"])
+async def test_put_refuses_and_closes_politely(why: str) -> None:
+    forgotten: list[Any] = []
+    pool = make_pool(forgotten, max_idle=1, max_age=60.0)
+    transport = FakeTransport()
+    now = 10.0
+    if why == "too-old":
+        now = 61.0
+    elif why == "full":
+        pool.put(KEY, entry(FakeTransport(), n=9), now=now)
+    elif why == "unsent-bytes":
+        transport.buffered = 10
+    else:
+        pool.close()
+    assert not pool.put(KEY, entry(transport), now=now)
+    assert transport.written == b"QUIT\r\n"
+    assert transport.closed
+    assert ("203.0.113.5", 50001, "198.51.100.25", 25) in forgotten
+
+
+async def test_a_connection_closed_meanwhile_is_skipped() -> None:
+    pool = make_pool([])
+    dead, alive = FakeTransport(), FakeTransport()
+    pool.put(KEY, entry(alive, n=1), now=0.0)
+    pool.put(KEY, entry(dead, n=2), now=0.0)
+    dead.closed = True  # closed without a callback yet
+    taken = pool.take(KEY)
+    assert taken is not None
+    assert taken.transport is alive
+
+
+async def test_close_says_quit_to_every_idle_connection() -> None:
+    forgotten: list[Any] = []
+    pool = make_pool(forgotten)
+    transports = [FakeTransport() for _ in range(3)]
+    for n, transport in enumerate(transports):
+        pool.put(KEY if n else OTHER_CLIENT, entry(transport, n=n), now=0.0)
+    pool.close()
+    assert all(t.written == b"QUIT\r\n" and t.closed for t in transports)
+    assert len(pool) == 0
+    assert len(forgotten) == 3
