@@ -32,10 +32,11 @@ def client_allowed(client_ip: str, allow: Iterable[Network]) -> bool:
 
 def is_loop(destination: tuple[str, int], own: Iterable[tuple[str, int]]) -> bool:
     """True when the destination is one of our own listening addresses."""
-    dest_ip = _plain_ip(destination[0])
+    dest_ip = None  # parsed only when a port matches (the usual case: none does)
     for host, port in own:
         if port != destination[1]:
             continue
+        dest_ip = dest_ip or _plain_ip(destination[0])
         own_ip = _plain_ip(host)
         if own_ip is not None and (own_ip == dest_ip or own_ip.is_unspecified):
             return True

@@ -116,6 +116,11 @@ class ClientProtocol(_Side):
         super().__init__(session, client=True)
         self._context.start_session(session)
 
+    @property
+    def session(self) -> Session:
+        """The session (made in ``connection_made``); its task awaits ``session.run()``."""
+        return self._session
+
 
 class Session:
     """Owns one client transport, its upstream transport and its Relay."""
@@ -133,7 +138,7 @@ class Session:
         self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
         self._data_block = context.settings.relay.timeouts.data_block
         self._min_rate = context.settings.relay.timeouts.client_min_rate
-        self._lingering = LingeringClose(self._loop)  # a closed client, drained before close
+        self._lingering: LingeringClose | None = None  # a closed client, drained before close
         self._max_backlog = context.settings.relay.max_pending_input
         self._timer: asyncio.TimerHandle | None = None
         self._work: asyncio.Future[None] = self._loop.create_future()
@@ -241,8 +246,9 @@ class Session:
         """
         relay = self.relay
         if relay is None or relay.closed:
-            if from_client and self._lingering.transport is not None:
-                self._lingering.drain(len(data))
+            lingering = self._lingering
+            if from_client and lingering is not None and lingering.transport is not None:
+                lingering.drain(len(data))
             return
         if not from_client:
             if self._timer_on_server:
@@ -392,6 +398,7 @@ class Session:
 
     def _linger(self, client: asyncio.Transport) -> None:
         """Close the client without destroying our last replies (``runtime.linger``)."""
+        self._lingering = LingeringClose(self._loop)
         self._lingering.start(client)
 
     def _session_id(self) -> str:

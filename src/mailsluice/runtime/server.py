@@ -23,10 +23,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from types import TracebackType
-from typing import Any
 
 from mailsluice.config import Settings
 from mailsluice.filtering.chain import FilterChain
@@ -69,7 +67,6 @@ class ProxyContext:
         # us (the REDIRECT rule lacks the owner exclusion): a loop.
         self.outbound: set[tuple[str, int, str, int]] = set()
         self._allowed_clients: dict[str, bool] = {}  # client IP -> in an allowed network
-        self._spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self.accepting = True
@@ -154,8 +151,6 @@ class ProxyContext:
         self.sessions.add(session)
         self.sessions_total += 1
         session.begin()
-        assert self._spawn is not None
-        self._spawn(session.run())
 
     def end_session(self, session: Session) -> None:
         self.sessions.discard(session)
@@ -213,8 +208,8 @@ class Proxy:
         return [listener.sock.getsockname()[:2] for listener in self._listeners]
 
     def _adopt(self, conn: socket.socket) -> None:
-        """Make a session of an accepted connection (in a task of its own: the transport
-        is set up by a coroutine)."""
+        """Make a session of an accepted connection, in a task of its own: the one that
+        sets up the transport, then lives as long as the session (``Session.run``)."""
         assert self._group is not None
         setup = self._connect_accepted(conn)
         try:
@@ -227,16 +222,19 @@ class Proxy:
         loop = asyncio.get_running_loop()
         try:
             conn.setblocking(False)
-            await loop.connect_accepted_socket(lambda: ClientProtocol(self.context), conn)
+            _, client = await loop.connect_accepted_socket(
+                lambda: ClientProtocol(self.context), conn
+            )
         except Exception as exc:  # one connection must never end the TaskGroup
             log.warning("cannot set up an accepted connection: %s", exc)
             conn.close()
+            return
+        await client.session.run()
 
     async def __aenter__(self) -> Proxy:
         self.log_writer.start()
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
-        self.context._spawn = self._group.create_task
         self.context.fit_descriptors()  # before the first connection can arrive
         listen = self.settings.listen
         try:
