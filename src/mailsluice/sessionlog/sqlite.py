@@ -79,6 +79,8 @@ CREATE TABLE IF NOT EXISTS transcript (
 """
 
 # version -> script that brings a database at that version to version + 1
+_json_text = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode  # made once
+
 _MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
 _OUR_TABLES = frozenset({"sessions", "transactions", "transcript"})
 
@@ -189,7 +191,10 @@ class SqliteBackend:
                 chunk = chunks.get(r.session_id)
                 if chunk is None:
                     chunk = chunks[r.session_id] = []
-                chunk.extend((seq, at, d, clean_text(text)) for seq, at, d, text in r.lines)
+                if all(text.isascii() for _, _, _, text in r.lines):  # nothing to clean
+                    chunk.extend(r.lines)
+                else:
+                    chunk.extend((seq, at, d, clean_text(text)) for seq, at, d, text in r.lines)
             elif isinstance(r, TranscriptLine):
                 chunk = chunks.get(r.session_id)
                 if chunk is None:
@@ -238,7 +243,7 @@ class SqliteBackend:
                     )
                 )
         lines = [
-            (clean_text(sid), chunk[0][0], json.dumps(chunk, ensure_ascii=False))
+            (clean_text(sid), chunk[0][0], _json_text(chunk))
             for sid, chunk in chunks.items()
         ]
         conn = self._conn
