@@ -43,6 +43,19 @@ class FakeTransport:
         self.protocol = protocol
 
 
+class FakeLoop:
+    """The running loop's timers, with the clock at ``now``."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(delay, callback, *args)
+
+
 def entry(transport: FakeTransport, *, opened_at: float = 0.0, n: int = 1) -> Pooled:
     return Pooled(
         transport=transport,  # type: ignore[arg-type]
@@ -64,8 +77,8 @@ async def test_take_gives_the_newest_connection_of_the_same_key_only() -> None:
     forgotten: list[Any] = []
     pool = make_pool(forgotten)
     first, second = FakeTransport(), FakeTransport()
-    assert pool.put(KEY, entry(first, n=1), now=1.0)
-    assert pool.put(KEY, entry(second, n=2), now=1.0)
+    assert pool.put(KEY, entry(first, n=1), loop=FakeLoop(1.0))  # type: ignore[arg-type]
+    assert pool.put(KEY, entry(second, n=2), loop=FakeLoop(1.0))  # type: ignore[arg-type]
     assert pool.take(OTHER_CLIENT) is None  # another tenant never gets it
     taken = pool.take(KEY)
     assert taken is not None
@@ -80,8 +93,8 @@ async def test_the_mx_speaking_or_closing_while_idle_drops_the_connection() -> N
     forgotten: list[Any] = []
     pool = make_pool(forgotten)
     talker, closer = FakeTransport(), FakeTransport()
-    pool.put(KEY, entry(talker, n=1), now=0.0)
-    pool.put(KEY, entry(closer, n=2), now=0.0)
+    pool.put(KEY, entry(talker, n=1), loop=FakeLoop(0.0))  # type: ignore[arg-type]
+    pool.put(KEY, entry(closer, n=2), loop=FakeLoop(0.0))  # type: ignore[arg-type]
     talker.protocol.data_received(b"421 4.4.2 idle timeout\r\n")
     closer.protocol.connection_lost(None)
     assert pool.take(KEY) is None
@@ -94,7 +107,7 @@ async def test_an_idle_connection_expires_with_a_quit() -> None:
     forgotten: list[Any] = []
     pool = make_pool(forgotten, idle_timeout=0.05)
     transport = FakeTransport()
-    pool.put(KEY, entry(transport), now=0.0)
+    pool.put(KEY, entry(transport), loop=FakeLoop(0.0))  # type: ignore[arg-type]
     await asyncio.sleep(0.15)
     assert transport.written == b"QUIT\r\n"
     assert transport.closed
@@ -111,12 +124,12 @@ async def test_put_refuses_and_closes_politely(why: str) -> None:
     if why == "too-old":
         now = 61.0
     elif why == "full":
-        pool.put(KEY, entry(FakeTransport(), n=9), now=now)
+        pool.put(KEY, entry(FakeTransport(), n=9), loop=FakeLoop(now))  # type: ignore[arg-type]
     elif why == "unsent-bytes":
         transport.buffered = 10
     else:
         pool.close()
-    assert not pool.put(KEY, entry(transport), now=now)
+    assert not pool.put(KEY, entry(transport), loop=FakeLoop(now))  # type: ignore[arg-type]
     assert transport.written == b"QUIT\r\n"
     assert transport.closed
     assert ("203.0.113.5", 50001, "198.51.100.25", 25) in forgotten
@@ -125,8 +138,8 @@ async def test_put_refuses_and_closes_politely(why: str) -> None:
 async def test_a_connection_closed_meanwhile_is_skipped() -> None:
     pool = make_pool([])
     dead, alive = FakeTransport(), FakeTransport()
-    pool.put(KEY, entry(alive, n=1), now=0.0)
-    pool.put(KEY, entry(dead, n=2), now=0.0)
+    pool.put(KEY, entry(alive, n=1), loop=FakeLoop(0.0))  # type: ignore[arg-type]
+    pool.put(KEY, entry(dead, n=2), loop=FakeLoop(0.0))  # type: ignore[arg-type]
     dead.closed = True  # closed without a callback yet
     taken = pool.take(KEY)
     assert taken is not None
@@ -138,7 +151,7 @@ async def test_close_says_quit_to_every_idle_connection() -> None:
     pool = make_pool(forgotten)
     transports = [FakeTransport() for _ in range(3)]
     for n, transport in enumerate(transports):
-        pool.put(KEY if n else OTHER_CLIENT, entry(transport, n=n), now=0.0)
+        pool.put(KEY if n else OTHER_CLIENT, entry(transport, n=n), loop=FakeLoop(0.0))  # type: ignore[arg-type]
     pool.close()
     assert all(t.written == b"QUIT\r\n" and t.closed for t in transports)
     assert len(pool) == 0

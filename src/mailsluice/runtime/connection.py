@@ -127,7 +127,7 @@ class Session:
 
     def __init__(self, context: ProxyContext, client: asyncio.Transport) -> None:
         self._ctx = context
-        self._loop = asyncio.get_running_loop()
+        self._loop = context.loop
         self._client: asyncio.Transport | None = client
         self._server: asyncio.Transport | None = None
         self._client_paused = False  # we stopped reading from the client
@@ -157,7 +157,8 @@ class Session:
     def _prepare(self, client: asyncio.Transport) -> None:
         ctx = self._ctx
         peer = client.get_extra_info("peername") or ("?", 0)
-        sock = client.get_extra_info("socket")
+        # the socket (a syscall to make) only where it is needed: SO_ORIGINAL_DST
+        sock = client.get_extra_info("socket") if ctx.settings.upstream is None else None
         refusal = None
         try:
             self.destination = ctx.route(sock)
@@ -394,7 +395,7 @@ class Session:
             return
         entry = self._upstream.pooled(server, state, self._outbound)
         self._outbound = None  # the pool owns it now (and forgets it when it drops it)
-        pool.put(key, entry, self._loop.time())
+        pool.put(key, entry, self._loop)
 
     def _linger(self, client: asyncio.Transport) -> None:
         """Close the client without destroying our last replies (``runtime.linger``)."""

@@ -76,12 +76,21 @@ class ProxyContext:
         )
         self._slots: dict[Session, str] = {}  # admitted session -> its client key
         self._unclaimed: str | None = None  # slot taken by ``admit`` for the session being made
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.pool: UpstreamPool | None = None  # idle MX connections (reuse_connections)
         if settings.reuse_connections:
             self.pool = UpstreamPool(
                 idle_timeout=settings.reuse_idle_timeout, max_age=settings.reuse_max_age,
                 max_idle=settings.reuse_max_idle, forget=self.outbound.discard,
             )  # fmt: skip
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, asked once (each ``get_running_loop`` costs a getpid())."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def new_session_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids):06d}"
@@ -219,10 +228,8 @@ class Proxy:
             conn.close()
 
     async def _connect_accepted(self, conn: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            conn.setblocking(False)
-            _, client = await loop.connect_accepted_socket(
+        try:  # (the loop makes the socket non-blocking)
+            _, client = await self.context.loop.connect_accepted_socket(
                 lambda: ClientProtocol(self.context), conn
             )
         except Exception as exc:  # one connection must never end the TaskGroup

@@ -101,9 +101,10 @@ class UpstreamPool:
             return entry
         return None
 
-    def put(self, key: PoolKey, entry: Pooled, now: float) -> bool:
+    def put(self, key: PoolKey, entry: Pooled, loop: asyncio.AbstractEventLoop) -> bool:
         """Keep ``entry`` for ``key``; False when it was closed instead (too old, pool
         full or closed, the connection unusable)."""
+        now = loop.time()
         transport = entry.transport
         stack = self._idle.get(key)
         if (
@@ -116,7 +117,6 @@ class UpstreamPool:
             self._close(entry, say_quit=True)
             return False
         transport.set_protocol(_IdleWatch(self, key, entry))
-        loop = asyncio.get_running_loop()
         entry.timer = loop.call_later(self.idle_timeout, self.drop, key, entry)
         self._idle.setdefault(key, []).append(entry)
         self.kept += 1

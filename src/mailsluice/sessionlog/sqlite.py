@@ -242,10 +242,7 @@ class SqliteBackend:
                         clean_text(r.reason),
                     )
                 )
-        lines = [
-            (clean_text(sid), chunk[0][0], _json_text(chunk))
-            for sid, chunk in chunks.items()
-        ]
+        lines = [(clean_text(sid), chunk[0][0], _json_text(chunk)) for sid, chunk in chunks.items()]
         conn = self._conn
         conn.execute("BEGIN")
         try:
