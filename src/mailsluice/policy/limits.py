@@ -68,6 +68,9 @@ def refusal(caps: Caps, total: int, from_client: int, client: str, hostname: str
     return None
 
 
+_KEY_CACHE = 4096  # client addresses whose key is remembered
+
+
 class ConnectionCounts:
     """The sessions one worker holds, in total and per client address.
 
@@ -76,7 +79,7 @@ class ConnectionCounts:
     clients with a live session (a client's entry goes when its count reaches 0).
     """
 
-    __slots__ = ("_caps", "_per_client", "_total")
+    __slots__ = ("_caps", "_keys", "_per_client", "_total")
 
     def __init__(self, caps: Caps) -> None:
         if caps.total < 1 or caps.per_client < 0:
@@ -84,6 +87,15 @@ class ConnectionCounts:
         self._caps = caps
         self._total = 0
         self._per_client: dict[str, int] = {}
+        self._keys: dict[str, str] = {}  # client_key of recent addresses (parsing is slow)
+
+    def _key(self, client_ip: str) -> str:
+        key = self._keys.get(client_ip)
+        if key is None:
+            if len(self._keys) >= _KEY_CACHE:
+                self._keys.clear()
+            key = self._keys[client_ip] = client_key(client_ip)
+        return key
 
     @property
     def caps(self) -> Caps:
@@ -94,12 +106,12 @@ class ConnectionCounts:
         return self._total
 
     def count(self, client_ip: str) -> int:
-        return self._per_client.get(client_key(client_ip), 0)
+        return self._per_client.get(self._key(client_ip), 0)
 
     def acquire(self, client_ip: str, hostname: str) -> str | Reply:
         """Admitted: the key a slot is now held under (give it to ``release``). Refused:
         the reply to send; nothing is held."""
-        key = client_key(client_ip)
+        key = self._key(client_ip)
         held = self._per_client.get(key, 0)
         reply = refusal(self._caps, self._total, held, key, hostname)
         if reply is not None:
