@@ -92,7 +92,10 @@ async def test_another_client_address_never_gets_the_connection(proxy_factory) -
             )
             assert code == 250
         assert len(mx.connections) == 2
-        assert sorted(bytes(c.received).upper().count(b"MAIL FROM:") for c in mx.connections) == [2, 2]
+        assert sorted(bytes(c.received).upper().count(b"MAIL FROM:") for c in mx.connections) == [
+            2,
+            2,
+        ]
 
 
 async def test_an_idle_connection_is_closed_with_quit_after_the_idle_timeout(

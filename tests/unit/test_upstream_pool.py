@@ -107,7 +107,7 @@ async def test_an_idle_connection_expires_with_a_quit() -> None:
     forgotten: list[Any] = []
     pool = make_pool(forgotten, idle_timeout=0.05)
     transport = FakeTransport()
-    pool.put(KEY, entry(transport), loop=FakeLoop(0.0))  # type: ignore[arg-type]
+    pool.put(KEY, entry(transport), loop=asyncio.get_running_loop())
     await asyncio.sleep(0.15)
     assert transport.written == b"QUIT\r\n"
     assert transport.closed
@@ -156,3 +156,18 @@ async def test_close_says_quit_to_every_idle_connection() -> None:
     assert all(t.written == b"QUIT\r\n" and t.closed for t in transports)
     assert len(pool) == 0
     assert len(forgotten) == 3
+
+
+async def test_the_sweep_drops_only_connections_idle_long_enough() -> None:
+    pool = make_pool([], idle_timeout=0.1)
+    loop = asyncio.get_running_loop()
+    old, new = FakeTransport(), FakeTransport()
+    pool.put(KEY, entry(old, n=1), loop=loop)
+    await asyncio.sleep(0.07)
+    pool.put(KEY, entry(new, n=2), loop=loop)
+    await asyncio.sleep(0.07)  # old: idle 0.14 s (> 0.1 + a quarter); new: 0.07 s
+    assert old.closed
+    assert not new.closed
+    await asyncio.sleep(0.1)
+    assert new.closed
+    assert len(pool) == 0

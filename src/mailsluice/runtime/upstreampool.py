@@ -9,7 +9,8 @@ would show it.
 
 While a connection is idle, a watcher protocol owns it: any byte from the MX (a 421
 before it hangs up, say) or a close drops it. A connection is dropped, with a QUIT,
-after ``idle_timeout`` seconds unused, once older than ``max_age`` seconds, when
+after ``idle_timeout`` seconds unused (a quarter more at most: one sweep timer serves
+the pool), once older than ``max_age`` seconds, when
 ``max_idle`` already wait for its key, and when the pool closes (shutdown). Taking a
 connection the MX has just closed is still possible (the race cannot be closed from
 here); the session then answers ``421 4.4.2`` and the client retries: never a loss.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mailsluice.relay.actions import UpstreamState
 
@@ -40,7 +41,7 @@ class Pooled:
     outbound: Outbound | None  # (src ip, src port, dst ip, dst port), for loop detection
     opened_at: float  # loop time of the dial
     sessions: int  # client sessions carried so far
-    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    idle_since: float = 0.0  # loop time it came into the pool
 
 
 class _IdleWatch(asyncio.Protocol):
@@ -76,6 +77,7 @@ class UpstreamPool:
         self.max_idle = max_idle
         self._forget = forget  # called with a dropped connection's address pair
         self._idle: dict[PoolKey, list[Pooled]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None  # runs while anything is idle
         self._closed = False
         self.reused = 0  # connections handed to a session
         self.kept = 0  # connections taken into the pool
@@ -91,9 +93,6 @@ class UpstreamPool:
             entry = stack.pop()
             if not stack:
                 del self._idle[key]
-            if entry.timer is not None:
-                entry.timer.cancel()
-                entry.timer = None
             if entry.transport.is_closing():
                 self._close(entry, say_quit=False)
                 continue
@@ -117,10 +116,27 @@ class UpstreamPool:
             self._close(entry, say_quit=True)
             return False
         transport.set_protocol(_IdleWatch(self, key, entry))
-        entry.timer = loop.call_later(self.idle_timeout, self.drop, key, entry)
+        entry.idle_since = now
         self._idle.setdefault(key, []).append(entry)
         self.kept += 1
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._sweep_every, self._sweep, loop)
         return True
+
+    @property
+    def _sweep_every(self) -> float:
+        # one timer for the pool, not one per connection: a connection is closed between
+        # ``idle_timeout`` and 1.25 x ``idle_timeout`` after it came in
+        return max(self.idle_timeout / 4, 0.01)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweeper = None
+        oldest = loop.time() - self.idle_timeout
+        for key, stack in list(self._idle.items()):
+            for entry in [e for e in stack if e.idle_since <= oldest]:
+                self.drop(key, entry)
+        if self._idle and not self._closed:
+            self._sweeper = loop.call_later(self._sweep_every, self._sweep, loop)
 
     def drop(self, key: PoolKey, entry: Pooled, *, say_quit: bool = True) -> None:
         """Close an idle connection (expired, or the MX spoke or hung up)."""
@@ -130,14 +146,14 @@ class UpstreamPool:
         stack.remove(entry)
         if not stack:
             del self._idle[key]
-        if entry.timer is not None:
-            entry.timer.cancel()
-            entry.timer = None
         self._close(entry, say_quit=say_quit)
 
     def close(self) -> None:
         """Shutdown: close every idle connection (with QUIT) and keep no more."""
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for key, stack in list(self._idle.items()):
             for entry in list(stack):
                 self.drop(key, entry)
