@@ -107,7 +107,10 @@ async def test_an_idle_connection_expires_with_a_quit() -> None:
     forgotten: list[Any] = []
     pool = make_pool(forgotten, idle_timeout=0.05)
     transport = FakeTransport()
-    pool.put(KEY, entry(transport), loop=asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    assert pool.put(KEY, entry(transport, opened_at=loop.time()), loop=loop)
+    await asyncio.sleep(0.02)
+    assert not transport.closed
     await asyncio.sleep(0.15)
     assert transport.written == b"QUIT\r\n"
     assert transport.closed
@@ -162,9 +165,9 @@ async def test_the_sweep_drops_only_connections_idle_long_enough() -> None:
     pool = make_pool([], idle_timeout=0.1)
     loop = asyncio.get_running_loop()
     old, new = FakeTransport(), FakeTransport()
-    pool.put(KEY, entry(old, n=1), loop=loop)
+    assert pool.put(KEY, entry(old, n=1, opened_at=loop.time()), loop=loop)
     await asyncio.sleep(0.07)
-    pool.put(KEY, entry(new, n=2), loop=loop)
+    assert pool.put(KEY, entry(new, n=2, opened_at=loop.time()), loop=loop)
     await asyncio.sleep(0.07)  # old: idle 0.14 s (> 0.1 + a quarter); new: 0.07 s
     assert old.closed
     assert not new.closed
