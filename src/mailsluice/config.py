@@ -73,6 +73,7 @@ class Settings:
     reuse_idle_timeout: float = 5.0  # seconds unused before it is closed (QUIT)
     reuse_max_age: float = 300.0  # seconds after the dial: not kept any longer
     reuse_max_idle: int = 32  # idle connections kept per (client, destination, source)
+    reuse_max_sessions: int = 100  # client sessions one MX connection carries at most
     verbose: bool = False
     relay: RelayConfig = field(default_factory=RelayConfig)
     log_sinks: tuple[str, ...] = ()  # more sinks fed the same records (postgresql:, webhook:, ...)
@@ -212,8 +213,8 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top["reuse_idle_timeout"] = _number(raw, key, minimum=0.001)
             case "reuse_max_age":
                 top["reuse_max_age"] = _number(raw, key, minimum=0.001)
-            case "reuse_max_idle":
-                top["reuse_max_idle"] = int(_number(raw, key, minimum=1, integer=True))
+            case "reuse_max_idle" | "reuse_max_sessions":
+                top[key] = int(_number(raw, key, minimum=1, integer=True))
             case "log_process":
                 if not isinstance(raw, bool):
                     raise ConfigError("log_process: expected true or false")

@@ -210,3 +210,18 @@ def test_the_mx_speaking_first_on_a_reused_connection_is_passed_on_and_ends_it()
     out = h.server(b"421 4.4.2 mx.example idle timeout\r\n")
     assert codes(out) == [421]
     assert h.relay.closed
+
+
+def test_a_connection_that_saw_a_deferral_is_not_kept() -> None:
+    h = Harness(may_release=True)
+    h.connect()
+    h.ehlo()
+    h.client(b"MAIL FROM:<a@client.example>\r\n")
+    h.server(b"250 2.1.0 Ok\r\n")
+    h.client(b"RCPT TO:<b@mx.example>\r\n")
+    h.server(b"451 4.7.1 too many messages on this connection\r\n")
+    h.client(b"RSET\r\n")
+    h.server(b"250 2.0.0 Ok\r\n")
+    out = h.client(b"QUIT\r\n")
+    assert of_type(out, act.ReleaseServer) == []
+    assert to_server(out) == b"QUIT\r\n"

@@ -68,7 +68,9 @@ def entry(transport: FakeTransport, *, opened_at: float = 0.0, n: int = 1) -> Po
 
 
 def make_pool(forgotten: list[Any], **kwargs: Any) -> UpstreamPool:
-    options: dict[str, Any] = {"idle_timeout": 5.0, "max_age": 300.0, "max_idle": 4}
+    options: dict[str, Any] = {
+        "idle_timeout": 5.0, "max_age": 300.0, "max_idle": 4, "max_sessions": 100,
+    }  # fmt: skip
     options.update(kwargs)
     return UpstreamPool(forget=forgotten.append, **options)
 
@@ -118,24 +120,26 @@ async def test_an_idle_connection_expires_with_a_quit() -> None:
     assert forgotten == [("203.0.113.5", 50001, "198.51.100.25", 25)]
 
 
-@pytest.mark.parametrize("why", ["too-old", "full", "unsent-bytes", "closed-pool"])
+@pytest.mark.parametrize("why", ["too-old", "worn-out", "full", "unsent-bytes", "closed-pool"])
 async def test_put_refuses_and_closes_politely(why: str) -> None:
     forgotten: list[Any] = []
-    pool = make_pool(forgotten, max_idle=1, max_age=60.0)
+    pool = make_pool(forgotten, max_idle=1, max_age=60.0, max_sessions=5)
     transport = FakeTransport()
-    now = 10.0
+    now, sessions = 10.0, 1
     if why == "too-old":
         now = 61.0
+    elif why == "worn-out":
+        sessions = 5
     elif why == "full":
-        pool.put(KEY, entry(FakeTransport(), n=9), loop=FakeLoop(now))  # type: ignore[arg-type]
+        pool.put(KEY, entry(FakeTransport(), n=2), loop=FakeLoop(now))  # type: ignore[arg-type]
     elif why == "unsent-bytes":
         transport.buffered = 10
     else:
         pool.close()
-    assert not pool.put(KEY, entry(transport), loop=FakeLoop(now))  # type: ignore[arg-type]
+    assert not pool.put(KEY, entry(transport, n=sessions), loop=FakeLoop(now))  # type: ignore[arg-type]
     assert transport.written == b"QUIT\r\n"
     assert transport.closed
-    assert ("203.0.113.5", 50001, "198.51.100.25", 25) in forgotten
+    assert ("203.0.113.5", 50000 + sessions, "198.51.100.25", 25) in forgotten
 
 
 async def test_a_connection_closed_meanwhile_is_skipped() -> None:

@@ -81,7 +81,8 @@ class ProxyContext:
         if settings.reuse_connections:
             self.pool = UpstreamPool(
                 idle_timeout=settings.reuse_idle_timeout, max_age=settings.reuse_max_age,
-                max_idle=settings.reuse_max_idle, forget=self.outbound.discard,
+                max_idle=settings.reuse_max_idle, max_sessions=settings.reuse_max_sessions,
+                forget=self.outbound.discard,
             )  # fmt: skip
 
     @property

@@ -10,7 +10,7 @@ would show it.
 While a connection is idle, a watcher protocol owns it: any byte from the MX (a 421
 before it hangs up, say) or a close drops it. A connection is dropped, with a QUIT,
 after ``idle_timeout`` seconds unused (a quarter more at most: one sweep timer serves
-the pool), once older than ``max_age`` seconds, when
+the pool), once older than ``max_age`` seconds or after ``max_sessions`` sessions, when
 ``max_idle`` already wait for its key, and when the pool closes (shutdown). Taking a
 connection the MX has just closed is still possible (the race cannot be closed from
 here); the session then answers ``421 4.4.2`` and the client retries: never a loss.
@@ -70,11 +70,13 @@ class UpstreamPool:
         idle_timeout: float,
         max_age: float,
         max_idle: int,
+        max_sessions: int,
         forget: Callable[[Outbound], None],
     ) -> None:
         self.idle_timeout = idle_timeout
         self.max_age = max_age
         self.max_idle = max_idle
+        self.max_sessions = max_sessions
         self._forget = forget  # called with a dropped connection's address pair
         self._idle: dict[PoolKey, list[Pooled]] = {}
         self._sweeper: asyncio.TimerHandle | None = None  # runs while anything is idle
@@ -111,6 +113,7 @@ class UpstreamPool:
             or transport.is_closing()
             or transport.get_write_buffer_size()
             or now - entry.opened_at >= self.max_age
+            or entry.sessions >= self.max_sessions
             or (stack is not None and len(stack) >= self.max_idle)
         ):
             self._close(entry, say_quit=True)
