@@ -25,6 +25,42 @@ from mailsluice.smtp.replies import Reply, ReplyAssembler
 class RelayBase:
     """State and helpers of one relayed session; ``session.Relay`` is the public class."""
 
+    # Slots, not a __dict__: attribute access on this hot path stays fast however many
+    # attributes there are (a __dict__ over 30 keys loses CPython's shared-key layout).
+    __slots__ = (
+        "_account",
+        "_barrier",
+        "_cfg",
+        "_client_desc",
+        "_client_lines",
+        "_client_progress",
+        "_connected",
+        "_desynced",
+        "_errors",
+        "_filtering",
+        "_greeting",
+        "_headers",
+        "_hello",
+        "_hello_from_cache",
+        "_host",
+        "_may_release",
+        "_now",
+        "_out",
+        "_pending",
+        "_phase",
+        "_refusal",
+        "_replies",
+        "_reused",
+        "_scanner",
+        "_server_lines",
+        "_server_open",
+        "_shutdown",
+        "_spool_line_start",
+        "_timer",
+        "_tls_allowed",
+        "_upstream_at",
+    )  # fmt: skip
+
     def __init__(
         self,
         *,

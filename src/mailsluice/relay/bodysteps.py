@@ -27,6 +27,8 @@ _BODY_REFUSAL = {
 class BodySteps(FilterModeRelay):
     """The message body and the DATA synchronisation rule; ``session.Relay`` uses them."""
 
+    __slots__ = ()
+
     def _body(self, data: bytes) -> None:
         scanner = self._scanner
         assert scanner is not None

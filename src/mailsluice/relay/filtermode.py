@@ -47,6 +47,8 @@ def unstuff(chunk: bytes, at_line_start: bool) -> bytes:
 class FilterModeRelay(ReuseSteps):
     """The filter-mode steps; ``session.Relay`` routes to them when filtering is on."""
 
+    __slots__ = ()
+
     def _hold_data(self, command: Command) -> None:
         """DATA in filter mode: answered by us when it reaches the FIFO head."""
         self._log_client(command.line, Direction.CLIENT_TO_PROXY)

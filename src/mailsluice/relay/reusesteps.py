@@ -36,6 +36,8 @@ from mailsluice.smtp.replies import Reply
 class ReuseSteps(TlsSteps):
     """Starting on a reused MX connection, answering EHLO from it, releasing it."""
 
+    __slots__ = ()
+
     def _start_reused(self, reused: act.ReusedUpstream) -> None:
         self._server_open = self._connected = True
         self._phase = Phase.COMMANDS
@@ -59,11 +61,14 @@ class ReuseSteps(TlsSteps):
         return True
 
     def _remember_greeting(self, reply: Reply) -> None:
-        self._greeting = reply if reply.code == 220 else None
+        if self._may_release:
+            self._greeting = reply if reply.code == 220 else None
 
     def _remember_hello(self, entry: Pending, client_reply: Reply) -> None:
         """The reply the client got to EHLO/HELO (after TLS, edited): what a session on
         this connection later gets for the same command."""
+        if not self._may_release:  # nothing will be kept: spare the work
+            return
         command = entry.command
         if command is None or not client_reply.is_positive:
             self._hello = None

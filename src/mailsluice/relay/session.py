@@ -53,6 +53,8 @@ _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NO
 class Relay(BodySteps):
     """State machine for one relayed session; see the module docstring."""
 
+    __slots__ = ()
+
     def start(self) -> list[act.Action]:
         out = self._out = []
         out.append(act.Log(self._account.opened(*self._client_desc)))

@@ -22,6 +22,8 @@ from mailsluice.smtp.replies import Reply
 class TlsSteps(RelayBase):
     """EHLO, STARTTLS and the handshake's outcome; ``session.Relay`` routes to them."""
 
+    __slots__ = ()
+
     def _remember_hello(self, entry: Pending, client_reply: Reply) -> None:
         """Connection reuse keeps what the client was told (``reusesteps``)."""
 

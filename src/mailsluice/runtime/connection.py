@@ -125,6 +125,14 @@ class ClientProtocol(_Side):
 class Session:
     """Owns one client transport, its upstream transport and its Relay."""
 
+    __slots__ = (
+        "_client", "_client_paused", "_ctx", "_data_block", "_deadline", "_filters",
+        "_lingering", "_loop", "_max_backlog", "_min_rate", "_outbound", "_server",
+        "_server_blocked", "_timeout", "_timer", "_timer_on_server", "_upstream",
+        "_want_connect", "_want_filter", "_want_send", "_want_tls", "_work", "_write_deadline",
+        "destination", "relay",
+    )  # fmt: skip
+
     def __init__(self, context: ProxyContext, client: asyncio.Transport) -> None:
         self._ctx = context
         self._loop = context.loop
