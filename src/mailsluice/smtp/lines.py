@@ -51,6 +51,8 @@ class LineFramer:
     def next_line(self) -> Line | LineTooLong | None:
         """The next complete line, ``LineTooLong`` once per overlong line, or None."""
         buf = self._buf
+        if not buf:  # the usual end of a read: everything taken
+            return None
         end = buf.find(b"\n", 0, self._max_line if not self._skipping else len(buf))
         if self._skipping:
             if end < 0:
