@@ -3,9 +3,9 @@
 Pure values, produced by the sans-I/O relay and consumed by the log sinks
 (``mailsluice.sessionlog``). Immutable named tuples rather than frozen dataclasses:
 every session makes several, and they cross a pipe to the log writer process, where a
-tuple costs a third as much to build, pickle and unpickle. Times are Unix epoch seconds (float), handed to the
-relay by the I/O shell with each event; the relay never reads a clock.
-Message bodies are never recorded.
+tuple costs a third as much to build, pickle and unpickle. Times are Unix epoch seconds
+(float), handed to the relay by the I/O shell with each event; the relay never reads a
+clock. Message bodies are never recorded.
 """
 
 from __future__ import annotations
