@@ -143,6 +143,19 @@ async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[
         )
 
 
+@contextlib.asynccontextmanager
+async def _pyforward(ctx: Context) -> AsyncIterator[Endpoint]:
+    """The floor of a Python relay (``benchmark.pyforward``): bytes copied, nothing else."""
+    port = free_port()
+    argv = [sys.executable, "-m", "mailsluice.benchmark.pyforward", str(port), str(ctx.sink_port)]
+    log = ctx.workdir / f"pyforward-{ctx.run_tag}.log"
+    async with child(argv, log=log, grace=5.0) as proc:
+        await wait_smtp_ready(
+            port, timeout=ctx.startup_timeout, died=exit_reporter(proc, "pyforward", log)
+        )
+        yield Endpoint(port=port, pid=proc.pid, info={"command": " ".join(argv)})
+
+
 # --- nginx -------------------------------------------------------------------------
 
 
@@ -366,6 +379,8 @@ VARIANTS: tuple[Variant, ...] = (
             _mailsluice_missing, _mailsluice_reuse),
     Variant("mailsluice-trace", "mailsluice with the trace-header filter (filter mode)",
             _mailsluice_missing, _mailsluice_trace),
+    Variant("pyforward", "a minimal uvloop byte forwarder (the floor of a Python relay)",
+            _mailsluice_missing, _pyforward),
     Variant("nginx", "nginx stream TCP proxy", _nginx_missing, _nginx),
     Variant("postfix", "Postfix store-and-forward relay", _postfix_missing, _postfix),
 )  # fmt: skip
