@@ -104,3 +104,23 @@ def test_generated_configs_stay_on_loopback(tmp_path: Path) -> None:
     assert "relayhost = [127.0.0.1]:2526" in main_cf
     assert "\nmydestination =\n" in main_cf
     assert "inet_interfaces = 127.0.0.1" in main_cf
+
+
+@pytest.mark.skipif(
+    any(find_program(name) is None for name in _NEEDED[:2]),
+    reason="needs smtp-source and smtp-sink (Postfix)",
+)
+@pytest.mark.timeout(180)
+def test_reuse_and_python_floor_variants_deliver_everything(tmp_path: Path) -> None:
+    rc = main(
+        ["relay", "--messages", "200", "--sessions", "4", "--via", "mailsluice-reuse,pyforward",
+         "--workers", "1", "--out", str(tmp_path), "--timeout", "60"]
+    )  # fmt: skip
+    report = json.loads((tmp_path / "relay.json").read_text())
+    runs = {run["variant"]: run for run in report["runs"]}
+    assert rc == 0, report
+    assert (runs["mailsluice-reuse"]["received"], runs["pyforward"]["received"]) == (200, 200)
+    # pyforward opens a sink session per message; with reuse, 200 messages from 4
+    # concurrent clients need far fewer MX connections.
+    assert runs["pyforward"]["sink_sessions"] >= 200
+    assert runs["mailsluice-reuse"]["sink_sessions"] < 100
