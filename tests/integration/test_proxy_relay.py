@@ -360,3 +360,21 @@ async def test_a_megabyte_without_crlf_gets_421_and_close(proxy_factory) -> None
     assert results[0].startswith("421 4.7.0"), (results, sent)
     assert results[1] in ("closed", "reset"), results
     assert mx.sessions[0].verbs == ["EHLO"]
+
+
+async def test_both_legs_send_small_writes_at_once(proxy_factory) -> None:
+    """TCP_NODELAY on both legs (set by the event loop's transports): a reply or a
+    command never waits for the peer's delayed ACK (Nagle)."""
+    import socket
+
+    async with (
+        LedgerMX() as mx,
+        proxy_factory(mx.address) as proxy,
+        await connect(proxy) as client,
+    ):
+        await greet(client)
+        [session] = proxy.context.sessions
+        for leg in (session._client, session._server):
+            assert leg is not None
+            sock = leg.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

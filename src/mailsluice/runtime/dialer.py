@@ -55,7 +55,7 @@ async def dial(
             sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
             sock.bind((source_ip, 0))
         await _tcp_connect(loop, sock, address, deadline, register)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # (TCP_NODELAY: the transport sets it, uvloop's and asyncio's alike)
         transport, _ = await loop.create_connection(protocol_factory, sock=sock)
     except BaseException:
         sock.close()
