@@ -21,6 +21,7 @@ from mailsluice.config import HostPort, Settings
 from mailsluice.relay import events as ev
 from mailsluice.runtime import connection
 from mailsluice.runtime.server import ProxyContext
+from mailsluice.runtime.sides import Side
 from mailsluice.sessionlog.writer import NullWriter
 
 
@@ -58,7 +59,7 @@ class MemoryTransport:
 
 async def fake_connect(self: connection.Session) -> None:
     """Stands in for ``Session._connect``: an upstream that is there at once."""
-    side = connection._Side(self, client=False)
+    side = Side(self, client=False)
     self._server = MemoryTransport(side)  # type: ignore[assignment]
     self._feed(ev.ServerConnected("127.0.0.1:40001"))
 

@@ -56,7 +56,7 @@ from mailsluice.relay import events as ev
 from mailsluice.relay.pending import Phase as RelayPhase
 from mailsluice.relay.records import Record
 from mailsluice.relay.session import Relay
-from mailsluice.runtime import connection, listener, origdst, tls, workers
+from mailsluice.runtime import connection, listener, origdst, tls, upstreamleg, workers
 from mailsluice.runtime.origdst import OriginalDestinationError
 from mailsluice.runtime.server import Proxy, ProxyContext
 from mailsluice.sessionlog.child import PipeBackend
@@ -153,7 +153,7 @@ async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
     async def no_descriptors(*args: object, **kwargs: object) -> asyncio.Transport:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
-    monkeypatch.setattr(connection, "dial", no_descriptors)
+    monkeypatch.setattr(upstreamleg, "dial", no_descriptors)
     async with (
         ScriptedMX() as mx,
         proxy_factory(mx.address) as proxy,
@@ -172,7 +172,7 @@ async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
 async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_dial = connection.dial
+    real_dial = upstreamleg.dial
     calls = 0
 
     async def dial_once_broken(*args: Any, **kwargs: Any) -> asyncio.Transport:
@@ -182,7 +182,7 @@ async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
             raise RuntimeError("a bug in the dialler")
         return await real_dial(*args, **kwargs)
 
-    monkeypatch.setattr(connection, "dial", dial_once_broken)
+    monkeypatch.setattr(upstreamleg, "dial", dial_once_broken)
     async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
         async with await connect(proxy) as client:
             first = await outcome(client)
@@ -207,7 +207,7 @@ async def test_a_failure_after_the_client_left_is_not_reported_as_ours(
         await client_gone.wait()
         raise RuntimeError("late failure")
 
-    monkeypatch.setattr(connection, "dial", dial_failing_late)
+    monkeypatch.setattr(upstreamleg, "dial", dial_failing_late)
     async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         client = await connect(proxy)
         client.close()

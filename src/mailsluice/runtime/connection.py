@@ -2,9 +2,11 @@
 
 The data path is synchronous: ``data_received`` feeds the relay and performs the
 actions it returns (writes, closes, log records) in the same callback, with no task
-switch per chunk. The two actions that need to wait (dialling the MX, the TLS
-handshake) are awaited by the session's own task, ``Session.run``, which lives in the
-server's TaskGroup for exactly as long as the connection.
+switch per chunk. The actions that need to wait (dialling the MX, the TLS handshake,
+the filters) are awaited by the session's own task, ``Session.run`` (the task that
+accepted the connection), which lives in the server's TaskGroup for exactly as long as
+the connection. The MX leg (dial, TLS, connection reuse) is ``upstreamleg``; the
+transports' protocol objects are ``sides.Side``.
 
 Backpressure: a side whose write buffer is full pauses reading on the other side; a
 client that sends more than the relay will hold is paused until the relay catches up.
@@ -23,10 +25,11 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.session import Relay
-from mailsluice.runtime.dialer import LOCAL_SHORTAGE, dial, plain_host
+from mailsluice.runtime.dialer import plain_host
 from mailsluice.runtime.filterjob import FilterDriver
 from mailsluice.runtime.linger import LINGER_BYTES, LINGER_SECONDS, LingeringClose
-from mailsluice.runtime.upstreampool import Pooled, PoolKey, UpstreamPool
+from mailsluice.runtime.sides import Side, format_address
+from mailsluice.runtime.upstreamleg import Upstream, UpstreamLeg
 
 __all__ = [
     "LINGER_BYTES",
@@ -45,67 +48,7 @@ _In = TypeVar("_In")
 _Actions = list[act.Action]
 
 
-def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class Upstream:
-    """Where this session's MX connection came from: what a pool entry records."""
-
-    __slots__ = ("key", "opened_at", "sessions", "source")
-
-    def __init__(self) -> None:
-        self.key: PoolKey | None = None  # the pool's key for this session (reuse on)
-        self.source = "?"  # our end, "ip:port"
-        self.opened_at = 0.0  # loop time of the dial
-        self.sessions = 0  # client sessions before this one on the connection
-
-    def dialled(self, source: str, at: float) -> None:
-        self.source, self.opened_at, self.sessions = source, at, 0
-
-    def adopt(self, entry: Pooled) -> None:
-        self.source, self.opened_at, self.sessions = entry.source, entry.opened_at, entry.sessions
-
-    def pooled(
-        self,
-        transport: asyncio.Transport,
-        state: act.UpstreamState,
-        outbound: tuple[str, int, str, int] | None,
-    ) -> Pooled:
-        return Pooled(
-            transport=transport, state=state, source=self.source, outbound=outbound,
-            opened_at=self.opened_at, sessions=self.sessions + 1,
-        )  # fmt: skip
-
-
-class _Side(asyncio.Protocol):
-    """Forwards one transport's callbacks to the session."""
-
-    __slots__ = ("_client", "_session")
-
-    def __init__(self, session: Session, *, client: bool) -> None:
-        self._session = session
-        self._client = client
-
-    def data_received(self, data: bytes) -> None:
-        self._session.on_data(self._client, data)
-
-    def eof_received(self) -> bool:
-        self._session.on_closed(self._client, "end of stream")
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._session.on_closed(self._client, str(exc) if exc else "closed")
-
-    def pause_writing(self) -> None:
-        self._session.on_write_paused(self._client, True)
-
-    def resume_writing(self) -> None:
-        self._session.on_write_paused(self._client, False)
-
-
-class ClientProtocol(_Side):
+class ClientProtocol(Side):
     """The accepted connection; creates its Session when the connection is made."""
 
     def __init__(self, context: ProxyContext) -> None:
@@ -119,18 +62,17 @@ class ClientProtocol(_Side):
     @property
     def session(self) -> Session:
         """The session (made in ``connection_made``); its task awaits ``session.run()``."""
-        return self._session
+        return cast(Session, self._session)
 
 
-class Session:
+class Session(UpstreamLeg):
     """Owns one client transport, its upstream transport and its Relay."""
 
     __slots__ = (
         "_client", "_client_paused", "_ctx", "_data_block", "_deadline", "_filters",
-        "_lingering", "_loop", "_max_backlog", "_min_rate", "_outbound", "_server",
-        "_server_blocked", "_timeout", "_timer", "_timer_on_server", "_upstream",
-        "_want_connect", "_want_filter", "_want_send", "_want_tls", "_work", "_write_deadline",
-        "destination", "relay",
+        "_lingering", "_loop", "_max_backlog", "_min_rate", "_server_blocked", "_timeout",
+        "_timer", "_timer_on_server", "_want_connect", "_want_filter", "_want_send",
+        "_want_tls", "_work", "_write_deadline", "destination", "relay",
     )  # fmt: skip
 
     def __init__(self, context: ProxyContext, client: asyncio.Transport) -> None:
@@ -192,20 +134,6 @@ class Session:
             may_release=ctx.pool is not None,
             now=now,
         )
-
-    def _take_pooled(self, pool: UpstreamPool, client_ip: str) -> act.ReusedUpstream | None:
-        """An idle MX connection this client left for this destination, made ours."""
-        host, port = self._ctx.upstream_for(self.destination)
-        key = (client_ip, host, port, self._ctx.settings.outbound_ip)
-        self._upstream.key = key
-        entry = pool.take(key)
-        if entry is None:
-            return None
-        entry.transport.set_protocol(_Side(self, client=False))
-        self._server = entry.transport
-        self._outbound, entry.outbound = entry.outbound, None
-        self._upstream.adopt(entry)
-        return act.ReusedUpstream(entry.state, entry.source, entry.sessions)
 
     def begin(self) -> None:
         """Start the relay (in ``connection_made``, before any data can arrive)."""
@@ -395,16 +323,6 @@ class Session:
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
-    def _release(self, server: asyncio.Transport, state: act.UpstreamState) -> None:
-        """Leave the idle MX connection in the pool (the relay said ``ReleaseServer``)."""
-        pool, key = self._ctx.pool, self._upstream.key
-        if pool is None or key is None:  # pragma: no cover - the relay only releases then
-            server.close()
-            return
-        entry = self._upstream.pooled(server, state, self._outbound)
-        self._outbound = None  # the pool owns it now (and forgets it when it drops it)
-        pool.put(key, entry, self._loop)
-
     def _linger(self, client: asyncio.Transport) -> None:
         """Close the client without destroying our last replies (``runtime.linger``)."""
         self._lingering = LingeringClose(self._loop)
@@ -445,70 +363,6 @@ class Session:
             return
         self._wake()
 
-    # ------------------------------------------------------------ waiting work
-    async def _connect(self) -> None:
-        """Dial the MX (bound to the outbound address, within the connect timeout).
-
-        The connection is registered (source and destination) the moment ``connect()``
-        has chosen the source port, before this loop can accept anything: a redirect of
-        our own connection back to us is then refused as a loop, deterministically
-        (``ProxyContext.admit``).
-        """
-        ctx = self._ctx
-        host, port = ctx.upstream_for(self.destination)
-        try:
-            transport = await dial(
-                host,
-                port,
-                source_ip=ctx.settings.outbound_ip,
-                timeout=ctx.settings.relay.timeouts.connect,
-                protocol_factory=lambda: _Side(self, client=False),
-                register=self._register,
-            )
-        except (OSError, TimeoutError) as exc:
-            if isinstance(exc, OSError) and exc.errno in LOCAL_SHORTAGE:
-                # our fault, not the destination's: 421 4.3.0, not "destination unreachable"
-                self._feed(ev.InternalError(f"cannot open a connection to the MX: {exc}"))
-                return
-            reason = "connect timeout" if isinstance(exc, TimeoutError) else str(exc)
-            self._feed(ev.ServerConnectFailed(reason or type(exc).__name__))
-            return
-        if self.relay is None or self.relay.closed:
-            transport.close()
-            return
-        self._server = transport
-        source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
-        self._upstream.dialled(source, self._loop.time())
-        self._feed(ev.ServerConnected(source))
-
-    def _register(self, pair: tuple[str, int, str, int]) -> None:
-        self._outbound = pair
-        self._ctx.outbound.add(pair)
-
-    async def _start_tls(self) -> None:
-        server = self._server
-        if server is None:
-            return
-        ctx = self._ctx
-        try:
-            async with asyncio.timeout(ctx.settings.relay.timeouts.helo):
-                tls = await self._loop.start_tls(
-                    server, server.get_protocol(), ctx.tls_context, server_side=False
-                )
-        except (OSError, TimeoutError, ConnectionError) as exc:
-            self._server = None
-            server.abort()
-            self._feed(ev.TlsFailed(str(exc) or type(exc).__name__))
-            return
-        if tls is None or self._server is None:
-            return
-        self._server = tls
-        ssl_object = tls.get_extra_info("ssl_object")
-        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
-        version = ssl_object.version() if ssl_object is not None else "?"
-        verified = ctx.chain_verifier.verify(ssl_object)
-        self._feed(ev.TlsStarted(version or "?", cipher[0], verified))
-
     # ------------------------------------------------------------ filter mode
     async def _run_filters(self, run: act.RunFilters) -> None:
         relay = self.relay
@@ -526,13 +380,6 @@ class Session:
         decided = await self._driver().decide(run, client)
         if decided is not None:
             self._feed(decided)
-
-    def _write_server(self, data: bytes) -> bool:
-        server = self._server
-        if server is None or server.is_closing():
-            return False
-        server.write(data)
-        return True
 
     def _driver(self) -> FilterDriver:
         """The session's filter-mode state, made when filter mode first needs it."""

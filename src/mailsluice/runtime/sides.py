@@ -1,0 +1,54 @@
+"""The two legs' protocol objects: each transport's callbacks, handed to the session.
+
+``Side`` forwards one transport's callbacks (data, end of stream, loss, write
+backpressure) to whatever owns the session (``connection.Session``), saying which leg
+they came from; it holds no state of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+__all__ = ["SessionEvents", "Side", "format_address"]
+
+
+class SessionEvents(Protocol):
+    """What a session does with its transports' callbacks."""
+
+    def on_data(self, from_client: bool, data: bytes) -> None: ...
+
+    def on_closed(self, from_client: bool, reason: str) -> None: ...
+
+    def on_write_paused(self, to_client: bool, paused: bool) -> None: ...
+
+
+def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Side(asyncio.Protocol):
+    """Forwards one transport's callbacks to the session."""
+
+    __slots__ = ("_client", "_session")
+
+    def __init__(self, session: SessionEvents, *, client: bool) -> None:
+        self._session = session
+        self._client = client
+
+    def data_received(self, data: bytes) -> None:
+        self._session.on_data(self._client, data)
+
+    def eof_received(self) -> bool:
+        self._session.on_closed(self._client, "end of stream")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.on_closed(self._client, str(exc) if exc else "closed")
+
+    def pause_writing(self) -> None:
+        self._session.on_write_paused(self._client, True)
+
+    def resume_writing(self) -> None:
+        self._session.on_write_paused(self._client, False)
