@@ -107,6 +107,10 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("verbose = 1", "verbose"),
         ("[timeouts]\nconnekt = 3", "timeouts.connekt"),
         ("[timeouts]\nconnect = -1", "timeouts.connect"),
+        ('reuse_connections = "yes"', "reuse_connections: expected true or false"),
+        ("reuse_idle_timeout = 0", "reuse_idle_timeout: must be at least"),
+        ("reuse_max_sessions = 0", "reuse_max_sessions: must be at least 1"),
+        ("reuse_max_idle = 1.5", "reuse_max_idle: expected a whole number"),
         ("colour = 1", "colour"),
         ("listen = [", "not valid TOML"),
     ],
@@ -160,3 +164,19 @@ def test_check_config_validates_the_per_client_cap(
     err = capsys.readouterr().err
     assert "max_connections_per_client" in err
     assert "at least 0" in err
+
+
+def test_connection_reuse_keys_and_flag(tmp_path: Path) -> None:
+    assert Settings().reuse_connections is False  # off unless asked for
+    path = tmp_path / "reuse.toml"
+    path.write_text(
+        "reuse_connections = true\nreuse_idle_timeout = 2.5\nreuse_max_age = 60\n"
+        "reuse_max_idle = 4\nreuse_max_sessions = 10\n"
+    )
+    s = load_file(path)
+    assert s.reuse_connections is True
+    assert (s.reuse_idle_timeout, s.reuse_max_age) == (2.5, 60)
+    assert (s.reuse_max_idle, s.reuse_max_sessions) == (4, 10)
+    flags = settings_from_args(build_parser().parse_args(["serve", "--reuse-connections"]))
+    assert flags.reuse_connections is True
+    assert settings_from_args(build_parser().parse_args(["serve"])).reuse_connections is False
