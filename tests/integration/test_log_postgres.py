@@ -138,7 +138,7 @@ def test_reads_back_exactly_what_sqlite_reads_back(
         sid = session["id"]
         expected = reader.session_with_transcript(sqlite_url, sid)
         assert pg_reader.session_with_transcript(pg_database, sid) == expected
-        assert pg_reader.transcript(pg_database, sid) == expected[1]
+        assert reader.transcript(pg_database, sid) == expected[1]
     # a unique prefix, as the CLI allows
     assert pg_reader.session_with_transcript(
         pg_database, "abc05"
@@ -155,16 +155,16 @@ def test_not_found_and_ambiguous_prefixes(pg_database: str) -> None:
         SessionNotFound,
         match=r"ambiguous .* it matches abc00-, abc01-x, abc02-xx, abc03-xxx, abc04-xxxx, \.\.\.",
     ):
-        pg_reader.transcript(pg_database, "abc")
+        reader.transcript(pg_database, "abc")
     with pytest.raises(
         SessionNotFound, match=r"no session 'zzz' in postgresql://postgres@127\.0\.0\.1"
     ):
-        pg_reader.transcript(pg_database, "zzz")
+        reader.transcript(pg_database, "zzz")
     with pytest.raises(SessionNotFound, match="no session id given"):
-        pg_reader.transcript(pg_database, "")
+        reader.transcript(pg_database, "")
     # LIKE wildcards in a prefix are plain characters
     with pytest.raises(SessionNotFound, match="no session"):
-        pg_reader.transcript(pg_database, "abc0_")
+        reader.transcript(pg_database, "abc0_")
 
 
 def test_sessions_are_upserted_both_ways(pg_database: str, postgres_server: PgServer) -> None:

@@ -29,7 +29,7 @@ from mailsluice.sessionlog.postgres_schema import (
 )
 from mailsluice.sessionlog.reader import _line_dict, _session_dict
 
-__all__ = ["list_sessions", "session_with_transcript", "transcript"]
+__all__ = ["list_sessions", "session_with_transcript"]
 
 _T = TypeVar("_T")
 _AMBIGUOUS_SHOWN = 5
@@ -58,17 +58,11 @@ def list_sessions(url: str, limit: int = 50) -> list[dict[str, Any]]:
     return _run(url, work)
 
 
-def transcript(url: str, session_id: str) -> list[dict[str, Any]]:
-    """The transcript of one session (id or unique prefix): ``seq, at, direction, text``."""
-    return session_with_transcript(url, session_id)[1]
-
-
 def session_with_transcript(
     url: str, session_id: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The session dict and its transcript; raises :class:`SessionNotFound`."""
-    if not session_id:
-        raise SessionNotFound("no session id given; `mailsluice sessions` lists them")
+    """The session dict and its transcript; raises :class:`SessionNotFound`. (Through
+    ``reader.session_with_transcript``, which also refuses an empty id.)"""
 
     async def work(conn: Connection, shown: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         sid = await _resolve(conn, session_id, shown)
