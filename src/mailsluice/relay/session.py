@@ -283,8 +283,8 @@ class Relay(BodySteps):
                     return
 
     def _server_reply(self, reply: Reply) -> None:
-        if reply.is_transient:  # a deferral may be about the connection: never reuse it
-            self._may_release = False
+        if self._may_release and reply.is_transient:  # a deferral may be about the
+            self._may_release = False  # connection itself: never reuse it
         entry = self._first_awaiting_server()
         if entry is None:
             if reply.code == 421:
