@@ -32,6 +32,7 @@ class RelayBase:
         "_barrier",
         "_cfg",
         "_client_desc",
+        "_client_eof",
         "_client_lines",
         "_client_progress",
         "_connected",
@@ -84,6 +85,7 @@ class RelayBase:
         self._phase = Phase.CONNECTING
         self._barrier = False  # a command is out whose reply must come before the next
         self._desynced = False  # the client broke pipelining rules: nothing more is read
+        self._client_eof = False  # the client half-closed: its input is over, it still reads
         self._client_progress = False  # a client line completed: its timeout starts afresh
         self._scanner: BodyScanner | None = None
         self._headers: bytearray | None = None  # header section being collected for the log
@@ -189,7 +191,9 @@ class RelayBase:
             self._close_server()
         self._abort_transaction()
         self._phase = Phase.CLOSED
-        clean = reason == "quit" and not self._client_lines.buffered
+        # After the client's end of stream nothing unread can be left in the kernel;
+        # after a clean QUIT the client waits only for our 221: no lingering close then.
+        clean = self._client_eof or (reason == "quit" and not self._client_lines.buffered)
         self._out.append(act.CloseClient(linger=not clean))
         self._flush_lines()
         self._out.append(act.Log(self._account.closed(reason, self._now)))

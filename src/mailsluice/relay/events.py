@@ -11,8 +11,17 @@ class ClientData:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientEof:
+    """The client half-closed: it will send nothing more, but still reads our replies.
+
+    Not a lost connection: every reply it is owed (end-of-data, a pipelined QUIT...) is
+    still relayed from the MX and written to it; then the session ends (Exim sends
+    ``.`` and ``QUIT`` in one write and shuts down its sending side)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClientClosed:
-    """The client closed its side or the connection broke."""
+    """The client connection is gone (reset, or our writes cannot reach it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,7 @@ class FilterDecided:
 
 Event = (
     ClientData
+    | ClientEof
     | ClientClosed
     | ServerConnected
     | ServerConnectFailed

@@ -120,6 +120,8 @@ class Relay(BodySteps):
                 self._fail(rp.tls_failed(self._host), "tls-failed")
             case ev.TimerExpired():
                 self._timer_expired()
+            case ev.ClientEof():
+                self._client_eof = True
             case ev.ClientClosed():
                 self._client_closed()
             case ev.ShutdownRequested():
@@ -141,6 +143,8 @@ class Relay(BodySteps):
         """After every event: read the client's next commands, then say which timer runs."""
         if self._phase is Phase.COMMANDS:
             self._pump_client()
+        if self._client_eof:
+            self._after_client_eof()
         if self._phase is not Phase.CLOSED:
             self._arm_timer()
 
@@ -391,6 +395,29 @@ class Relay(BodySteps):
             self._fail(rp.upstream_lost(self._host), "upstream-lost")
 
     # ----------------------------------------------------------------- lifecycle
+    def _after_client_eof(self) -> None:
+        """The client half-closed (``ClientEof``): it reads on, but sends nothing more.
+
+        Commands it sent before the end of stream are still relayed and their replies
+        written to it, in order (a pipelined ``.`` and QUIT get the MX's 250 and 221).
+        The session ends once nothing is owed: at once mid-body (the message can never
+        be complete; the MX never gets its dot) or before the greeting when the client
+        sent nothing (it could not use the greeting), else when the FIFO is empty and no
+        whole command is left to read.
+        """
+        if self._phase is Phase.BODY:
+            self._note("client closed in the middle of the message; upstream transaction aborted")
+            self._close("client-closed")
+        elif self._phase is Phase.CONNECTING and not self._client_lines.buffered:
+            self._note("client closed before the greeting, having sent nothing")
+            self._close("client-closed")
+        elif self._phase is Phase.COMMANDS and not self._pending:
+            if self._client_lines.buffered:
+                self._note("client closed after an unfinished command line; it was discarded")
+            self._note("client closed its sending side; every reply it was owed was sent")
+            self._quit_upstream()
+            self._close("client-closed")
+
     def _client_closed(self) -> None:
         if self._phase is Phase.BODY:
             self._note("client closed in the middle of the message; upstream transaction aborted")

@@ -69,7 +69,7 @@ class Session(UpstreamLeg):
     """Owns one client transport, its upstream transport and its Relay."""
 
     __slots__ = (
-        "_client", "_client_paused", "_ctx", "_data_block", "_deadline", "_filters",
+        "_client", "_client_eof", "_client_paused", "_ctx", "_data_block", "_deadline", "_filters",
         "_lingering", "_loop", "_max_backlog", "_min_rate", "_server_blocked", "_timeout",
         "_timer", "_timer_on_server", "_want_connect", "_want_filter", "_want_send",
         "_want_tls", "_work", "_write_deadline", "destination", "relay",
@@ -81,6 +81,7 @@ class Session(UpstreamLeg):
         self._client: asyncio.Transport | None = client
         self._server: asyncio.Transport | None = None
         self._client_paused = False  # we stopped reading from the client
+        self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
         self._server_blocked = False  # the MX is not reading what we write
         self._deadline = 0.0
         self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
@@ -210,7 +211,7 @@ class Session(UpstreamLeg):
             return
         self._perform(actions)
         client = self._client
-        if client is not None:
+        if client is not None and not self._client_eof:
             backlog = relay.client_backlog > self._max_backlog
             if backlog != self._client_paused and not client.is_closing():
                 self._client_paused = backlog
@@ -231,6 +232,20 @@ class Session(UpstreamLeg):
             self._server = self._client = None
             self.relay = None
         self._wake()
+
+    def on_eof(self, from_client: bool) -> bool:
+        """End of stream from one side. The client's is a half-close, not a loss: it
+        still reads, so its transport stays open for the replies it is owed (the relay
+        closes it when none is left). The MX's ends that leg."""
+        if not from_client:
+            self.on_closed(False, "end of stream")
+            return False
+        if self._client is None or self._client_eof:
+            return False  # closed by us already (a lingering close): let it go
+        self._client_eof = True
+        self._feed(ev.ClientEof())
+        self._wake()
+        return self._client is not None
 
     def on_closed(self, from_client: bool, reason: str) -> None:
         if from_client:

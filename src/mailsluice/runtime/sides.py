@@ -18,6 +18,8 @@ class SessionEvents(Protocol):
 
     def on_data(self, from_client: bool, data: bytes) -> None: ...
 
+    def on_eof(self, from_client: bool) -> bool: ...
+
     def on_closed(self, from_client: bool, reason: str) -> None: ...
 
     def on_write_paused(self, to_client: bool, paused: bool) -> None: ...
@@ -41,8 +43,8 @@ class Side(asyncio.Protocol):
         self._session.on_data(self._client, data)
 
     def eof_received(self) -> bool:
-        self._session.on_closed(self._client, "end of stream")
-        return False
+        # True keeps the transport open for writing: a half-closed client still reads.
+        return self._session.on_eof(self._client)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._session.on_closed(self._client, str(exc) if exc else "closed")
