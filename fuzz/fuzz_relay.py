@@ -115,6 +115,7 @@ class Session:
         self.server_open = False  # connected, not closed by either side
         self.client_open = True  # the relay has not closed the client
         self.client_gone = False  # the client closed
+        self.client_eof = False  # the client half-closed: it reads on, sends nothing
         self.tls_asked = False  # StartServerTls out, no result yet
         self.acknowledged: set[bytes] = set()
         self.upstream_tail = b""  # the last bytes sent to the MX
@@ -219,7 +220,8 @@ class Session:
             self.client_out += BODY_PIECES[arg % len(BODY_PIECES)]
         elif op == CLIENT_FLUSH:
             backlog_ok = self.relay.client_backlog <= self.config.max_pending_input
-            if self.client_open and not self.client_gone and self.client_out and backlog_ok:
+            sending = self.client_open and not self.client_gone and not self.client_eof
+            if sending and self.client_out and backlog_ok:
                 data = bytes(self.client_out[: 1 + arg])
                 del self.client_out[: len(data)]
                 self.client.deliver(data)
@@ -259,7 +261,10 @@ class Session:
         elif op == TIMER:
             self.event(ev.TimerExpired())
         elif op == CLIENT_CLOSE:
-            if self.client_open and not self.client_gone:
+            if self.client_open and not self.client_gone and arg & 1 and not self.client_eof:
+                self.client_eof = True  # a half-close: the replies owed still come
+                self.event(ev.ClientEof())
+            elif self.client_open and not self.client_gone:
                 self.client_gone = True
                 self.event(ev.ClientClosed())
         elif op == SERVER_CLOSE:

@@ -57,6 +57,7 @@ class RelayMachine(RuleBasedStateMachine):
         self.now = 1_000.0
         # client model
         self.owed: deque[str] = deque(["GREETING"])
+        self.client_eof = False  # the client half-closed: it reads on, sends nothing
         self.units = 1  # replies the client may expect (greeting included)
         self.received = 0
         self.extra = 0
@@ -186,8 +187,12 @@ class RelayMachine(RuleBasedStateMachine):
     def open(self) -> bool:
         return not self.relay.closed
 
+    def sending(self) -> bool:
+        """The client may still send (it has not half-closed)."""
+        return self.open() and not self.client_eof
+
     def may_command(self) -> bool:
-        return self.open() and not self.body_mode and not self.data_outstanding
+        return self.sending() and not self.body_mode and not self.data_outstanding
 
     @precondition(may_command)
     @rule(
@@ -224,7 +229,7 @@ class RelayMachine(RuleBasedStateMachine):
                 break
         self.client_send(group)
 
-    @precondition(lambda self: self.open() and self.body_mode)
+    @precondition(lambda self: self.sending() and self.body_mode)
     @rule(pieces=st.lists(body_pieces, min_size=1, max_size=6))
     def client_body(self, pieces: list[bytes]) -> None:
         chunk = b"".join(pieces)
@@ -234,7 +239,7 @@ class RelayMachine(RuleBasedStateMachine):
         payload, self.unsent = self.unsent + chunk, b""
         self.step(ev.ClientData(payload))
 
-    @precondition(lambda self: self.open() and self.body_mode)
+    @precondition(lambda self: self.sending() and self.body_mode)
     @rule(
         pieces=st.lists(body_pieces, max_size=6),
         after=st.sampled_from([b"", b"", b"QUIT\r\n", b"MAIL FROM:<n@client.example>\r\n"]),
@@ -378,6 +383,7 @@ class RelayMachine(RuleBasedStateMachine):
             [
                 "connect-fails",
                 "client-close",
+                "client-eof",
                 "mx-close",
                 "timer",
                 "shutdown",
@@ -402,6 +408,13 @@ class RelayMachine(RuleBasedStateMachine):
             assert self.relay.closed
         elif kind == "client-close":
             self.step(ev.ClientClosed())
+        elif kind == "client-eof" and not self.client_eof:
+            # a half-close: what was sent is still answered (``nothing_is_left_hanging``)
+            self.client_eof = True
+            mid_body = self.body_mode
+            self.step(ev.ClientEof())
+            if self.relay.closed and not mid_body:  # at once only when nothing is owed
+                assert not self.owed, f"half-close dropped replies: {list(self.owed)}"
         elif kind == "mx-close" and self.connected and not self.mx_closed:
             self.mx_closed, self.mx_tls = True, ""
             self.step(ev.ServerClosed("reset"))
@@ -418,7 +431,7 @@ class RelayMachine(RuleBasedStateMachine):
         elif kind == "unsolicited" and self.mx_can_answer() and not self.unanswered:
             self.step(ev.ServerData(data.draw(st.sampled_from([b"250 hi\r\n", b"421 bye\r\n"]))))
             assert self.relay.closed
-        elif kind == "talk-before-354" and self.data_outstanding:
+        elif kind == "talk-before-354" and self.data_outstanding and not self.client_eof:
             forwarded = self.mx_data_pending  # else DATA still waits in the relay's buffer
             self.client_send(data.draw(st.sampled_from([b"Hi\r\n", b"x\r\n.\r\n", b"QUIT\r\n"])))
             if forwarded and not self.relay.closed:
@@ -441,7 +454,9 @@ class RelayMachine(RuleBasedStateMachine):
 
     @precondition(critical)
     @rule(
-        kind=st.sampled_from(["mx-close", "timer", "forced", "client-close", "garbage"]),
+        kind=st.sampled_from(
+            ["mx-close", "timer", "forced", "client-close", "client-eof", "garbage"]
+        ),
         data=st.data(),
     )
     def fault_at_the_worst_moment(self, kind: str, data: st.DataObject) -> None:
@@ -450,7 +465,7 @@ class RelayMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.relay.closed)
     @rule(event=st.sampled_from(
         [ev.ClientData(b"QUIT\r\n"), ev.ServerData(b"250 ok\r\n"), ev.TimerExpired(),
-         ev.ServerClosed("x"), ev.ClientClosed(), ev.ShutdownForced()]
+         ev.ServerClosed("x"), ev.ClientClosed(), ev.ClientEof(), ev.ShutdownForced()]
     ))  # fmt: skip
     def after_the_end(self, event: ev.Event) -> None:
         assert self.relay.handle(event, self.now) == []
