@@ -35,6 +35,7 @@ from tests.integration.proxy_helpers import (
 from tests.support.client import RawSMTPClient, data_block
 from tests.support.faults import (
     EXTRA_REPLY,
+    HALF_CLOSE_PHASES,
     MATRIX_ACTIONS,
     MATRIX_PHASES,
     Action,
@@ -76,6 +77,16 @@ def mx_text(phase: Phase, action: Action) -> str:
 def allowed(phase: Phase, action: Action) -> set[tuple[str, str]]:
     """(step, reply prefix) pairs the client's first deviation may be; ``OK``: none at all."""
     step, mx = STEP_OF[phase], mx_text(phase, action)
+    if action is Action.HALF_CLOSE:  # the normal reply, then the MX's end of stream
+        special = {
+            Phase.CONNECT: {(step, LOST)},  # nothing was said: like a close
+            Phase.STARTTLS: {(step, TLS_FAILED), (step, LOST)},
+            Phase.EHLO: {(step, LOST)},  # the proxy's STARTTLS gets no answer
+            Phase.BODY: {(step, LOST)},
+            Phase.DOT: {OK, ("quit", LOST)},  # the 250 reached the client
+            Phase.QUIT: {OK},
+        }
+        return special[phase] if phase in special else {(NEXT[step], LOST)}
     if phase is Phase.HANDSHAKE and action is not Action.EXTRA:
         return {(step, TLS_FAILED)} | ({(step, LOST)} if action is Action.STALL else set())
     if action in (Action.CLOSE, Action.RESET):
@@ -182,6 +193,22 @@ async def walk(proxy: Proxy, mx: ScriptedMX, *, split_body: bool) -> Walk:
 async def test_mx_fault_matrix(
     proxy_factory, tmp_path, server_ssl_context: ssl.SSLContext, phase: Phase, action: Action
 ) -> None:
+    await _fault_cell(proxy_factory, tmp_path, server_ssl_context, phase, action)
+
+
+@pytest.mark.parametrize("phase", HALF_CLOSE_PHASES, ids=lambda p: p.value)
+async def test_mx_half_close_matrix(
+    proxy_factory, tmp_path, server_ssl_context: ssl.SSLContext, phase: Phase
+) -> None:
+    """The MX gives its reply, then shuts down its sending side: that reply still reaches
+    the client (a half-close after the last reply loses nothing), and what follows is a
+    4xx, never a made-up 2xx."""
+    await _fault_cell(proxy_factory, tmp_path, server_ssl_context, phase, Action.HALF_CLOSE)
+
+
+async def _fault_cell(
+    proxy_factory, tmp_path, server_ssl_context: ssl.SSLContext, phase: Phase, action: Action
+) -> None:
     fault = Fault(phase, action, after_bytes=1)
     tls = server_ssl_context if phase in TLS_PHASES else None
     async with (
@@ -266,3 +293,74 @@ async def test_mx_greeting_554_is_passed_verbatim(proxy_factory) -> None:
     assert greeting.raw == banner
     assert quit_reply is not None
     assert quit_reply.code == 221
+
+
+# ----------------------------------------------------------------- the client half-closes
+#: A client that half-closes at each step: what it sends in its last write before
+#: ``shutdown(SHUT_WR)`` (after the normal replies to the steps before), and the replies it
+#: must still read. "dot+quit" is Exim's pipelined QUIT; "envelope" a pipelined MAIL, RCPT
+#: and DATA; "body" stops in the middle of the message; "greeting" half-closes at once.
+_MESSAGE = "Subject: half-close\r\n\r\nline\r\n..a dot-stuffed line\r\n"
+CLIENT_HALF_CLOSES: dict[str, tuple[int, bytes, tuple[str, ...]]] = {
+    # cell: (steps walked normally first, last write, replies still owed)
+    "greeting": (0, b"", ()),  # sent nothing: it has no use for the greeting
+    "ehlo": (1, b"EHLO client.test\r\n", ("250",)),
+    "mail": (2, b"MAIL FROM:<s@client.test>\r\n", ("250",)),
+    "rcpt": (3, b"RCPT TO:<r@mx.test>\r\n", ("250",)),
+    "data": (4, b"DATA\r\n", ("354",)),
+    "envelope": (
+        2,
+        b"MAIL FROM:<s@client.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n",
+        ("250", "250", "354"),
+    ),
+    "body": (5, b"Subject: half-close\r\n\r\nonly the first ha", ()),
+    "dot": (5, _MESSAGE.encode() + b".\r\n", ("250",)),
+    "dot+quit": (5, _MESSAGE.encode() + b".\r\nQUIT\r\n", ("250", "221")),
+    "quit": (2, b"QUIT\r\n", ("221",)),
+}
+_WALK = (b"EHLO client.test\r\n", b"MAIL FROM:<s@client.test>\r\n",
+         b"RCPT TO:<r@mx.test>\r\n", b"DATA\r\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", CLIENT_HALF_CLOSES)
+async def test_client_half_close_matrix(proxy_factory, tmp_path, cell: str) -> None:
+    """Half-close is not a close: every reply the client is owed for what it sent before
+    its end of stream still comes (the MX's own), then a clean close (no reset); a message
+    is stored exactly when its dot was sent, and the MX is told QUIT."""
+    walked, last, owed = CLIENT_HALF_CLOSES[cell]
+    async with (
+        ScriptedMX(idle_timeout=5.0) as mx,
+        proxy_factory(mx.address, timeouts=FAST_TIMEOUTS) as proxy,
+        await connect(proxy) as client,
+    ):
+        if walked:
+            assert (await outcome(client)).startswith("220")
+        for line in _WALK[: max(walked - 1, 0)]:
+            await client.send(line)
+            assert (await outcome(client))[:1] in "23", line
+        await client.send(last)
+        client.conn.half_close()
+        got = [await outcome(client) for _ in owed]
+        after = await outcome(client)
+        await wait_until(lambda: not proxy.context.sessions)
+        if mx.sessions:
+            await mx.wait_sessions_done(1)
+    assert [g[:3] for g in got] == list(owed), got
+    assert after == "closed", f"after {got}: {after}"
+    stored = cell in ("dot", "dot+quit")
+    assert len(mx.ledger) == (1 if stored else 0)
+    if stored:
+        [message] = mx.ledger.messages
+        assert message.data == _MESSAGE.replace("..", ".").encode()
+        assert got[0].startswith("250 2.0.0 Ok: queued as")
+    verbs = mx.sessions[0].verbs if mx.sessions else []
+    if cell == "greeting":
+        assert verbs == []
+    elif cell in ("body", "data", "envelope"):  # the body can never come: aborted, no dot
+        assert verbs[-1] == "DATA", verbs
+    else:
+        assert verbs[-1] == "QUIT", verbs
+    [session] = sessions(tmp_path)
+    assert session["reason"] == ("quit" if "quit" in cell else "client-closed")
+    lines = [t["text"] for t in transcript_of(tmp_path, session["id"])]
+    assert not any("delivered twice" in text for text in lines), lines

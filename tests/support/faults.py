@@ -27,7 +27,9 @@ QUIT           the reply to QUIT (221).
 Actions: CLOSE (FIN), RESET (RST via ``SO_LINGER`` 0), STALL (never answer; keep reading until
 the peer goes away or the MX shuts down), REPLY_421 (then close), REPLY_4XX, REPLY_5XX, GARBAGE
 (a line with no reply code), EXTRA (the normal reply plus an unsolicited ``250``), RAW (send
-``data`` instead of the normal answer).  ``data`` also overrides the default bytes of the
+``data`` instead of the normal answer), HALF_CLOSE (the normal answer, then the MX shuts down
+its sending side and reads on until the peer leaves; BODY: no answer; DOT: stored, as the 250
+was sent; plaintext phases only).  ``data`` also overrides the default bytes of the
 reply-type actions.  After REPLY_4XX/5XX/GARBAGE the command counts as refused, after EXTRA and
 RAW as accepted; ``accept`` overrides that.
 """
@@ -63,6 +65,7 @@ class Action(StrEnum):
     GARBAGE = "garbage"
     EXTRA = "extra"
     RAW = "raw"
+    HALF_CLOSE = "half-close"
 
 
 class Outcome(Enum):
@@ -74,7 +77,9 @@ class Outcome(Enum):
 
 
 #: Actions after which the MX hangs up (or never speaks again).
-TERMINAL_ACTIONS = frozenset({Action.CLOSE, Action.RESET, Action.STALL, Action.REPLY_421})
+TERMINAL_ACTIONS = frozenset(
+    {Action.CLOSE, Action.RESET, Action.STALL, Action.REPLY_421, Action.HALF_CLOSE}
+)
 
 EXTRA_REPLY = b"250 2.0.0 unsolicited extra reply\r\n"
 
@@ -135,5 +140,8 @@ class Fault:
 
 
 #: The full matrix of reliability.md E13: 12 phases x 8 faults (RAW is for bespoke tests).
-MATRIX_ACTIONS = tuple(a for a in Action if a is not Action.RAW)
+MATRIX_ACTIONS = tuple(a for a in Action if a not in (Action.RAW, Action.HALF_CLOSE))
 MATRIX_PHASES = tuple(Phase)
+#: Where the MX can half-close: every phase it speaks in plaintext (a TLS connection has no
+#: half-close of its own), and mid-body.
+HALF_CLOSE_PHASES = tuple(p for p in Phase if p not in (Phase.HANDSHAKE, Phase.EHLO2))

@@ -68,7 +68,7 @@ async def _body_fault(s: ScriptedSession, fault: Fault) -> Outcome:
         s.conn.pause_reading()  # stop reading: the sender's TCP window fills up
         await s.conn.wait_closed(timeout=None)
         return Outcome.END
-    if fault.action in (Action.CLOSE, Action.RESET, Action.REPLY_421):
+    if fault.action in (Action.CLOSE, Action.RESET, Action.REPLY_421, Action.HALF_CLOSE):
         return await s.apply(fault, None)
     await s.send(fault.payload(None))  # unsolicited, mid-body; keep reading
     return Outcome.OK
@@ -131,6 +131,8 @@ async def finish_message(s: ScriptedSession, body: Body) -> Outcome:
         store, answer = True, normal
     elif fault.action in (Action.CLOSE, Action.RESET, Action.STALL):
         store, answer = fault.store, b""
+    elif fault.action is Action.HALF_CLOSE:  # the 250 goes out before the half-close
+        store, answer = True, normal
     elif fault.action is Action.EXTRA:
         store, answer = fault.store or fault.accepted, normal
     else:

@@ -117,6 +117,11 @@ class ScriptedSession:
             return Outcome.END
         if action is Action.STALL:
             return await self.stall()
+        if action is Action.HALF_CLOSE:
+            if normal:
+                await self.send(normal)
+            self.conn.half_close()
+            return await self.stall()
         await self.send(fault.payload(normal))
         if action is Action.REPLY_421:
             self.conn.close()

@@ -295,6 +295,11 @@ class BufferedConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
+    def half_close(self) -> None:
+        """Shut down our sending side (FIN after pending writes); keep reading."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write_eof()
+
     def abort(self) -> None:
         """Close now, dropping pending writes."""
         if self.transport is not None:
