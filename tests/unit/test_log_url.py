@@ -14,6 +14,7 @@ from mailsluice.sessionlog.codec import (
     parse_log_url,
 )
 from mailsluice.sessionlog.jsonl import JsonlBackend
+from mailsluice.sessionlog.mysql_url import parse_mysql_url
 from mailsluice.sessionlog.sqlite import SqliteBackend
 from mailsluice.sessionlog.webhook import WebhookBackend
 
@@ -104,6 +105,57 @@ def test_bad_postgres_urls_never_show_the_password(url: str, message: str) -> No
     assert "pw" not in str(info.value).replace("postgresql://u:***", "")
 
 
+def test_mysql_urls() -> None:
+    url = parse_log_url("mysql://mailsluice:s3cr%40t@db.example:3307/maillog")
+    assert (url.scheme, url.path) == ("mysql", None)
+    assert url.target == "mysql://mailsluice:s3cr%40t@db.example:3307/maillog"
+    assert url.text == "mysql://mailsluice:***@db.example:3307/maillog"
+    assert "s3cr" not in repr(url)
+    target = parse_mysql_url(url.target)
+    assert (target.host, target.port, target.user, target.database) == (
+        "db.example", 3307, "mailsluice", "maillog",
+    )  # fmt: skip
+    assert target.password == "s3cr@t"  # percent-decoded
+    assert "s3cr" not in repr(target)
+    sock = "/run/mysqld/mysqld.sock"
+    maria = parse_log_url(f"mariadb://u@[::1]/db?unix_socket={sock}")
+    assert (maria.scheme, maria.text) == (
+        "mysql",
+        "mariadb://u@[::1]/db?unix_socket=/run/mysqld/mysqld.sock",
+    )
+    target = parse_mysql_url(maria.target or "")
+    assert (target.host, target.port, target.unix_socket) == (
+        "::1",
+        3306,
+        "/run/mysqld/mysqld.sock",
+    )
+    socket_only = parse_mysql_url("mysql://u@/db?unix_socket=/s&ssl_ca=/etc/ca.pem")
+    assert (socket_only.unix_socket, socket_only.ssl_ca) == ("/s", "/etc/ca.pem")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://u:pw@h:99999/db", r"port '99999' is not a port number"),
+        ("mysql://u:pw@h:0/db", r"port '0' is not a port number"),
+        ("mysql://u:pw@h:port/db", r"port 'port' is not a port number"),
+        ("mysql://u:pw@h/", r"names no database"),
+        ("mysql://u:pw@h/db/extra", r"'db/extra' is not a database name"),
+        ("mysql://u:pw@h/db#frag", r"remove the #fragment"),
+        ("mysql://:pw@h/db", r"names no user"),
+        ("mysql://u:pw@/db", r"names no host; .*unix_socket=PATH"),
+        ("mysql://u:pw@h/db?charset=latin1", r"unknown option charset=; .*unix_socket=PATH"),
+        ("mysql://u:pw@h/db?ssl_ca", r"'ssl_ca' is not KEY=VALUE"),
+        ("mariadb://u:pw@h/db?ssl_ca=a&ssl_ca=b", r"ssl_ca= is given twice"),
+    ],
+)
+def test_bad_mysql_urls_never_show_the_password(url: str, message: str) -> None:
+    with pytest.raises(SessionLogError, match=message) as info:
+        parse_log_url(url)
+    assert "pw" not in str(info.value)
+    assert "mysql://" in str(info.value) or "mariadb://" in str(info.value)
+
+
 def test_webhook_urls() -> None:
     url = parse_log_url(
         "webhook:https://hooks.example/T000/B000/XXXX?events=reject,deferred&timeout=5&retries=3"
@@ -155,11 +207,12 @@ def test_bad_webhook_urls_are_named_without_the_secret(url: str, message: str) -
     assert "/x" not in str(info.value)  # the path (Slack's secret) is masked
 
 
-@pytest.mark.parametrize("url", ["", "mailsluice.db", "sqlite:", "ftp:x", "none:x", "mysql://h/db"])
+@pytest.mark.parametrize("url", ["", "mailsluice.db", "sqlite:", "ftp:x", "none:x", "mssql://h/db"])
 def test_bad_urls_list_every_scheme(url: str) -> None:
     with pytest.raises(SessionLogError, match=r"sqlite:PATH, jsonl:PATH or none:") as info:
         parse_log_url(url)
     assert "postgresql://USER@HOST/DB" in str(info.value)
+    assert "mysql://USER@HOST/DB" in str(info.value)
     assert "webhook:https://" in str(info.value)
 
 
