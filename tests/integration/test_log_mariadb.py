@@ -13,8 +13,8 @@ from tests.support.log_corpus import T0, chunk, closed, corpus, opened, txn, wri
 from tests.support.mariadb import MariaDbServer
 
 from mailsluice.relay.records import Record
-from mailsluice.sessionlog import reader
 from mailsluice.sessionlog import mysql_reader as my_reader
+from mailsluice.sessionlog import reader
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, SessionNotFound
 from mailsluice.sessionlog.mysql import MysqlBackend
@@ -206,7 +206,8 @@ def test_a_newer_schema_is_refused(mariadb_database: str, mariadb_server: MariaD
 def test_tables_of_another_application_are_refused(
     mariadb_database: str, mariadb_server: MariaDbServer
 ) -> None:
-    mariadb_server.sql("CREATE TABLE mailsluice_sessions (x int)", database=db_name(mariadb_database))
+    db = db_name(mariadb_database)
+    mariadb_server.sql("CREATE TABLE mailsluice_sessions (x int)", database=db)
     with pytest.raises(
         SessionLogError,
         match=r"already has a table of that name \(mailsluice_sessions\).* database of its own",
@@ -217,7 +218,7 @@ def test_tables_of_another_application_are_refused(
     ):
         my_reader.list_sessions(mariadb_database)
     # nothing of ours was left half made: the foreign table is as it was
-    tables = mariadb_server.sql("SHOW TABLES", database=db_name(mariadb_database))
+    tables = mariadb_server.sql("SHOW TABLES", database=db)
     assert sorted(t[0] for t in tables) == ["mailsluice_schema", "mailsluice_sessions"]
 
 

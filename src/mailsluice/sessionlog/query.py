@@ -171,12 +171,15 @@ def parse_endpoint(text: str) -> Endpoint:
             f"{text!r} is not an address; write HOST or HOST:PORT (192.0.2.1, "
             "192.0.2.1:25, 2001:db8::1, [2001:db8::1]:25)"
         )
+    bracketed = value.startswith("[")
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        if ":" in host:
+        if ":" in host or bracketed:
             raise QueryError(f"{text!r}: {host!r} is not an IPv6 address") from None
         return Endpoint(fold_ascii(host), port)
+    if bracketed and not isinstance(address, ipaddress.IPv6Address):
+        raise QueryError(f"{text!r}: {host!r} is not an IPv6 address; write it without [ ]")
     if isinstance(address, ipaddress.IPv6Address):
         mapped = address.ipv4_mapped  # written ::ffff:192.0.2.1 by the kernel, as here
         compressed = f"::ffff:{mapped}" if mapped is not None else address.compressed
@@ -226,4 +229,4 @@ def parse_tls(text: str) -> bool:
         return True
     if value in ("no", "n", "false", "0", "off"):
         return False
-    raise QueryError(f"--tls {text!r}: write yes (sessions that used TLS) or no")
+    raise QueryError(f"{text!r}: write yes (sessions that used TLS) or no")
