@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mailsluice.sessionlog.backends import NullBackend, open_backend
 from mailsluice.sessionlog.codec import (
@@ -239,3 +242,30 @@ def test_open_backend_covers_the_file_schemes(tmp_path: Path) -> None:
         open_backend(f"jsonl:{tmp_path}/missing/log.jsonl")
     with pytest.raises(SessionLogError, match="unknown scheme"):
         open_backend("ftp:x")
+
+
+@given(
+    user=st.text(min_size=1, max_size=12),
+    password=st.text(min_size=4, max_size=12).filter(lambda p: p.strip() == p),
+    host=st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z]{2,5})?", fullmatch=True),
+    port=st.none() | st.integers(1, 65535),
+    database=st.text(min_size=1, max_size=12).filter(lambda d: "/" not in d),
+)
+def test_any_mysql_url_round_trips_and_hides_its_password(
+    user: str, password: str, host: str, port: int | None, database: str
+) -> None:
+    def enc(text: str) -> str:
+        return quote(text, safe="")
+
+    netloc = f"{enc(user)}:{enc(password)}@{host}" + (f":{port}" if port else "")
+    url = f"mysql://{netloc}/{enc(database)}"
+    target = parse_mysql_url(url)
+    assert (target.user, target.password, target.host, target.database) == (
+        user, password, host, database,
+    )  # fmt: skip
+    assert target.port == (port or 3306)
+    parsed = parse_log_url(url)
+    assert parsed.scheme == "mysql"
+    assert parsed.text == target.shown
+    assert f":{enc(password)}@" not in parsed.text
+    assert parsed.text.startswith(f"mysql://{enc(user)}:***@{host}")

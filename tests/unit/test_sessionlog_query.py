@@ -396,3 +396,20 @@ def test_sender_matching_is_exact_up_to_ascii_case(
         }
         assert found == model, field
     conn.close()
+
+
+mailbox_texts = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="<>"), min_size=1
+).filter(lambda t: not any(c.isspace() for c in t) and t.strip() == t)
+
+
+@given(mailbox_texts)
+def test_a_mailbox_is_its_text_folded_with_or_without_brackets(text: str) -> None:
+    if text.startswith("@") and (text == "@" or "@" in text[1:]):
+        with pytest.raises(QueryError, match="write @domain"):
+            parse_mailbox(text, null_allowed=False)
+        return
+    plain = parse_mailbox(text, null_allowed=False)
+    assert parse_mailbox(f"<{text}>", null_allowed=False) == plain
+    assert plain.text == fold_ascii(text)
+    assert plain.domain == text.startswith("@")
