@@ -269,3 +269,9 @@ def test_any_mysql_url_round_trips_and_hides_its_password(
     assert parsed.text == target.shown
     assert f":{enc(password)}@" not in parsed.text
     assert parsed.text.startswith(f"mysql://{enc(user)}:***@{host}")
+
+
+def test_a_missing_ca_file_is_named_before_any_connection(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pem"
+    with pytest.raises(SessionLogError, match=rf"cannot read the CA file {missing} .*ssl_ca="):
+        open_backend(f"mysql://u:Secret-Pw@127.0.0.1:9/db?ssl_ca={missing}")

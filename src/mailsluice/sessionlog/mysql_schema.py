@@ -26,6 +26,7 @@ without it); why PyMySQL is in :mod:`mysql`.
 from __future__ import annotations
 
 import socket
+import ssl
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -157,6 +158,16 @@ def _connect_message(exc: BaseException, target: MysqlTarget, timeout: float) ->
         return (
             f"MariaDB/MySQL at {shown}: {text}; GRANT ALL ON {target.database}.* TO the "
             "user, or fix the database name in the log URL"
+        )
+    if isinstance(exc, FileNotFoundError | PermissionError) and target.ssl_ca is not None:
+        return (
+            f"session log {shown}: cannot read the CA file {target.ssl_ca} ({exc.strerror}); "
+            "fix ssl_ca= in the log URL"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return (
+            f"TLS with MariaDB/MySQL at {shown} failed ({exc}); check that ssl_ca= names the "
+            "CA that signed the server's certificate and that the URL's host is in it"
         )
     if code == ER_CON_COUNT:
         return f"MariaDB/MySQL at {shown}: {text}; raise max_connections or close other clients"
