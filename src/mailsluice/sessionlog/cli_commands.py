@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, TextIO
 
-from mailsluice.sessionlog.codec import LogReadError, parse_log_url
+from mailsluice.sessionlog.codec import LogReadError, parse_log_url, printable
 from mailsluice.sessionlog.query import (
     QueryError,
     SessionFilter,
@@ -47,13 +47,6 @@ _ARROWS = {
     "note": "  **  ",  # an event, not a line
 }
 _MAX_CELL = 40
-
-
-def printable(text: str) -> str:
-    """``text`` with non-printable characters shown as Python escapes."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _cell(value: object, width: int = _MAX_CELL) -> str:

@@ -309,6 +309,14 @@ def clean_text(text: str) -> str:
     return text
 
 
+def printable(text: str) -> str:
+    """``text`` with non-printable characters shown as Python escapes (for terminals and
+    chat messages: logged text comes from remote peers)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def clean_opt(text: str | None) -> str | None:
     return None if text is None else clean_text(text)
 
