@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +21,33 @@ from mailsluice.plugins.build import BuildError
 
 def _common_log_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML configuration file")
-    parser.add_argument("--log", help="session log: sqlite:PATH, jsonl:PATH or none:")
+    parser.add_argument(
+        "--log",
+        help="session log: sqlite:PATH, jsonl:PATH, postgresql://..., mysql://... or none:",
+    )
+
+
+def _session_filter_options(parser: argparse.ArgumentParser) -> None:
+    when = "an ISO 8601 time (UTC unless it has an offset) or a time ago: 30m, 1h, 2d, 1w"
+    parser.add_argument("--since", metavar="TIME", help=f"started at or after TIME: {when}")
+    parser.add_argument("--until", metavar="TIME", help=f"started before TIME: {when}")
+    parser.add_argument(
+        "--client", metavar="HOST[:PORT]", help="from this client address (any port without one)"
+    )
+    parser.add_argument(
+        "--destination", metavar="HOST[:PORT]", help="to this MX address (any port without one)"
+    )
+    parser.add_argument(
+        "--sender", metavar="ADDRESS", help="a MAIL FROM: user@domain, @domain or <> (bounces)"
+    )
+    parser.add_argument("--recipient", metavar="ADDRESS", help="a RCPT TO: user@domain or @domain")
+    parser.add_argument(
+        "--code",
+        metavar="CODES",
+        help="the session's final code or a transaction's final reply: 250, 4xx, 5xx, 45x "
+        "(comma-separated)",
+    )
+    parser.add_argument("--tls", metavar="yes|no", help="sessions that used TLS (yes) or not (no)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,8 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = sub.add_parser("sessions", help="list logged sessions, newest first")
     _common_log_options(sessions)
-    sessions.add_argument("--json", action="store_true", help="one JSON object per line")
-    sessions.add_argument("--limit", type=int, default=50)
+    output = sessions.add_mutually_exclusive_group()
+    output.add_argument(
+        "--format", choices=("table", "json", "csv"), default="table", help="output format"
+    )
+    output.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="one JSON object per line (the same as --format json)",
+    )
+    sessions.add_argument("--limit", type=int, default=50, help="at most N sessions (0: all)")
+    _session_filter_options(sessions)
 
     transcript = sub.add_parser("transcript", help="print one session's commands and replies")
     _common_log_options(transcript)
@@ -115,6 +153,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _sessions(args: argparse.Namespace, settings: Settings) -> int:
+    from mailsluice.sessionlog.cli_commands import build_filter, print_sessions
+    from mailsluice.sessionlog.query import QueryError
+
+    names = ("since", "until", "client", "destination", "sender", "recipient", "code", "tls")
+    try:
+        where = build_filter(now=time.time(), **{name: getattr(args, name) for name in names})
+    except QueryError as exc:
+        print(f"mailsluice sessions: {exc}", file=sys.stderr)
+        return 2
+    return print_sessions(
+        settings.log, output=args.format, limit=args.limit, where=where, out=sys.stdout
+    )
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         settings = load_file(args.file)
@@ -139,9 +192,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     settings = settings_from_args(args)
     if args.command == "sessions":
-        from mailsluice.sessionlog.cli_commands import print_sessions
-
-        return print_sessions(settings.log, as_json=args.json, limit=args.limit, out=sys.stdout)
+        return _sessions(args, settings)
     if args.command == "transcript":
         from mailsluice.sessionlog.cli_commands import print_transcript
 

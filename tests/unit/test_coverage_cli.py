@@ -193,9 +193,9 @@ def test_a_session_known_only_from_its_transcript(tmp_path: Path) -> None:
 
 
 def test_a_bad_log_url_is_explained(tmp_path: Path) -> None:
-    code, _, err = _run(print_sessions, "mysql://db", as_json=False, limit=10)
+    code, _, err = _run(print_sessions, "oracle://db", as_json=False, limit=10)
     assert code == 1
-    assert "unknown scheme 'mysql'" in err
+    assert "unknown scheme 'oracle'" in err
     assert "pass --log URL or --config FILE" in err
 
 

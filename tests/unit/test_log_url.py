@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mailsluice.sessionlog.backends import NullBackend, open_backend
 from mailsluice.sessionlog.codec import (
@@ -14,6 +17,7 @@ from mailsluice.sessionlog.codec import (
     parse_log_url,
 )
 from mailsluice.sessionlog.jsonl import JsonlBackend
+from mailsluice.sessionlog.mysql_url import parse_mysql_url
 from mailsluice.sessionlog.sqlite import SqliteBackend
 from mailsluice.sessionlog.webhook import WebhookBackend
 
@@ -104,6 +108,57 @@ def test_bad_postgres_urls_never_show_the_password(url: str, message: str) -> No
     assert "pw" not in str(info.value).replace("postgresql://u:***", "")
 
 
+def test_mysql_urls() -> None:
+    url = parse_log_url("mysql://mailsluice:s3cr%40t@db.example:3307/maillog")
+    assert (url.scheme, url.path) == ("mysql", None)
+    assert url.target == "mysql://mailsluice:s3cr%40t@db.example:3307/maillog"
+    assert url.text == "mysql://mailsluice:***@db.example:3307/maillog"
+    assert "s3cr" not in repr(url)
+    target = parse_mysql_url(url.target)
+    assert (target.host, target.port, target.user, target.database) == (
+        "db.example", 3307, "mailsluice", "maillog",
+    )  # fmt: skip
+    assert target.password == "s3cr@t"  # percent-decoded
+    assert "s3cr" not in repr(target)
+    sock = "/run/mysqld/mysqld.sock"
+    maria = parse_log_url(f"mariadb://u@[::1]/db?unix_socket={sock}")
+    assert (maria.scheme, maria.text) == (
+        "mysql",
+        "mariadb://u@[::1]/db?unix_socket=/run/mysqld/mysqld.sock",
+    )
+    target = parse_mysql_url(maria.target or "")
+    assert (target.host, target.port, target.unix_socket) == (
+        "::1",
+        3306,
+        "/run/mysqld/mysqld.sock",
+    )
+    socket_only = parse_mysql_url("mysql://u@/db?unix_socket=/s&ssl_ca=/etc/ca.pem")
+    assert (socket_only.unix_socket, socket_only.ssl_ca) == ("/s", "/etc/ca.pem")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://u:pw@h:99999/db", r"port '99999' is not a port number"),
+        ("mysql://u:pw@h:0/db", r"port '0' is not a port number"),
+        ("mysql://u:pw@h:port/db", r"port 'port' is not a port number"),
+        ("mysql://u:pw@h/", r"names no database"),
+        ("mysql://u:pw@h/db/extra", r"'db/extra' is not a database name"),
+        ("mysql://u:pw@h/db#frag", r"remove the #fragment"),
+        ("mysql://:pw@h/db", r"names no user"),
+        ("mysql://u:pw@/db", r"names no host; .*unix_socket=PATH"),
+        ("mysql://u:pw@h/db?charset=latin1", r"unknown option charset=; .*unix_socket=PATH"),
+        ("mysql://u:pw@h/db?ssl_ca", r"'ssl_ca' is not KEY=VALUE"),
+        ("mariadb://u:pw@h/db?ssl_ca=a&ssl_ca=b", r"ssl_ca= is given twice"),
+    ],
+)
+def test_bad_mysql_urls_never_show_the_password(url: str, message: str) -> None:
+    with pytest.raises(SessionLogError, match=message) as info:
+        parse_log_url(url)
+    assert "pw" not in str(info.value)
+    assert "mysql://" in str(info.value) or "mariadb://" in str(info.value)
+
+
 def test_webhook_urls() -> None:
     url = parse_log_url(
         "webhook:https://hooks.example/T000/B000/XXXX?events=reject,deferred&timeout=5&retries=3"
@@ -155,11 +210,12 @@ def test_bad_webhook_urls_are_named_without_the_secret(url: str, message: str) -
     assert "/x" not in str(info.value)  # the path (Slack's secret) is masked
 
 
-@pytest.mark.parametrize("url", ["", "mailsluice.db", "sqlite:", "ftp:x", "none:x", "mysql://h/db"])
+@pytest.mark.parametrize("url", ["", "mailsluice.db", "sqlite:", "ftp:x", "none:x", "mssql://h/db"])
 def test_bad_urls_list_every_scheme(url: str) -> None:
     with pytest.raises(SessionLogError, match=r"sqlite:PATH, jsonl:PATH or none:") as info:
         parse_log_url(url)
     assert "postgresql://USER@HOST/DB" in str(info.value)
+    assert "mysql://USER@HOST/DB" in str(info.value)
     assert "webhook:https://" in str(info.value)
 
 
@@ -186,3 +242,36 @@ def test_open_backend_covers_the_file_schemes(tmp_path: Path) -> None:
         open_backend(f"jsonl:{tmp_path}/missing/log.jsonl")
     with pytest.raises(SessionLogError, match="unknown scheme"):
         open_backend("ftp:x")
+
+
+@given(
+    user=st.text(min_size=1, max_size=12),
+    password=st.text(min_size=4, max_size=12).filter(lambda p: p.strip() == p),
+    host=st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z]{2,5})?", fullmatch=True),
+    port=st.none() | st.integers(1, 65535),
+    database=st.text(min_size=1, max_size=12).filter(lambda d: "/" not in d),
+)
+def test_any_mysql_url_round_trips_and_hides_its_password(
+    user: str, password: str, host: str, port: int | None, database: str
+) -> None:
+    def enc(text: str) -> str:
+        return quote(text, safe="")
+
+    netloc = f"{enc(user)}:{enc(password)}@{host}" + (f":{port}" if port else "")
+    url = f"mysql://{netloc}/{enc(database)}"
+    target = parse_mysql_url(url)
+    assert (target.user, target.password, target.host, target.database) == (
+        user, password, host, database,
+    )  # fmt: skip
+    assert target.port == (port or 3306)
+    parsed = parse_log_url(url)
+    assert parsed.scheme == "mysql"
+    assert parsed.text == target.shown
+    assert f":{enc(password)}@" not in parsed.text
+    assert parsed.text.startswith(f"mysql://{enc(user)}:***@{host}")
+
+
+def test_a_missing_ca_file_is_named_before_any_connection(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pem"
+    with pytest.raises(SessionLogError, match=rf"cannot read the CA file {missing} .*ssl_ca="):
+        open_backend(f"mysql://u:Secret-Pw@127.0.0.1:9/db?ssl_ca={missing}")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
 
 import pytest
 
+from mailsluice.cli import main
 from mailsluice.relay.records import (
     Direction,
     Record,
@@ -17,7 +19,8 @@ from mailsluice.relay.records import (
     TranscriptLine,
 )
 from mailsluice.sessionlog import open_log
-from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
+from mailsluice.sessionlog.cli_commands import build_filter, print_sessions, print_transcript
+from mailsluice.sessionlog.query import QueryError, SessionFilter
 
 pytestmark = pytest.mark.unit
 
@@ -142,3 +145,78 @@ def test_sessions_empty_log(tmp_path: Path) -> None:
     assert print_sessions(url, as_json=False, limit=5, out=out, err=err) == 0
     assert out.getvalue() == ""
     assert "no sessions" in err.getvalue()
+
+
+# -- filters and formats ---------------------------------------------------------------------
+
+
+def test_sessions_csv(url: str) -> None:
+    out = io.StringIO()
+    assert print_sessions(url, output="csv", limit=10, out=out) == 0
+    rows = list(csv.reader(io.StringIO(out.getvalue())))
+    assert rows[0][:4] == ["id", "started_at", "ended_at", "client"]
+    assert len(rows) == 3
+    newest = dict(zip(rows[0], rows[1], strict=True))
+    assert newest["id"] == "4567efgh"
+    assert newest["started_at"] == "2024-05-01T12:01:00.000Z"
+    assert newest["mail_from"] == ""  # the null sender
+    assert newest["source_ip"] == ""  # None
+    assert json.loads(newest["rcpt_to"]) == ["a@example.org", "b@example.org", "c@example.org"]
+    assert newest["tls_verified"] == ""
+    assert newest["final_code"] == "421"
+    assert newest["helo"] == "evil.example"
+
+
+def test_csv_cells_are_never_formulas_nor_terminal_controls(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/log.db"
+    writer = open_log(url, 100)
+    writer.start()
+    for r in records("=cmd", T0, ("x@example.org",)):
+        if isinstance(r, SessionClosed):
+            r = r._replace(helo="+HYPERLINK(\x1b[2J)", reason="-1")
+        writer.submit(r)
+    assert writer.close(timeout=10)
+    out = io.StringIO()
+    assert print_sessions(url, output="csv", limit=10, out=out) == 0
+    row = dict(zip(*csv.reader(io.StringIO(out.getvalue())), strict=True))
+    assert (row["id"], row["helo"], row["reason"]) == ("'=cmd", "'+HYPERLINK(\\x1b[2J)", "'-1")
+
+
+def test_sessions_filtered(url: str) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    where = build_filter(now=T0 + 3600, recipient="@EXAMPLE.org", since="2024-05-01T12:00:30Z")
+    assert print_sessions(url, output="json", limit=10, where=where, out=out, err=err) == 0
+    assert [json.loads(line)["id"] for line in out.getvalue().splitlines()] == ["4567efgh"]
+    where = build_filter(now=T0 + 3600, recipient="bob@example.org", code="4xx")
+    assert print_sessions(url, output="json", limit=10, where=where, out=out, err=err) == 0
+    assert json.loads(out.getvalue().splitlines()[-1])["id"] == "0123abcd"
+    out = io.StringIO()
+    where = build_filter(now=T0 + 3600, tls="yes")
+    assert print_sessions(url, limit=10, where=where, out=out, err=err) == 0
+    assert out.getvalue() == ""
+    assert err.getvalue() == f"mailsluice: no sessions match these filters in {url}\n"
+
+
+def test_filter_options_name_their_errors() -> None:
+    with pytest.raises(QueryError, match=r"--since: 'last week' is not a time"):
+        build_filter(now=T0, since="last week")
+    with pytest.raises(QueryError, match=r"--code: '600' is not a reply code"):
+        build_filter(now=T0, code="600")
+    with pytest.raises(QueryError, match=r"--client: '1.2.3.4:x'"):
+        build_filter(now=T0, client="1.2.3.4:x")
+    with pytest.raises(QueryError, match=r"--since is later than --until"):
+        build_filter(now=T0, since="1h", until="2h")
+    assert build_filter(now=T0) == SessionFilter()
+
+
+def test_the_command_line(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sessions", "--log", url, "--json", "--client", "10.1.2.3", "--limit", "1"]) == 0
+    assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == ["4567efgh"]
+    assert main(["sessions", "--log", url, "--format", "csv", "--sender", "<>"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["sessions", "--log", url, "--tls", "maybe"]) == 2
+    assert "mailsluice sessions: --tls: 'maybe': write yes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: one format only
+        main(["sessions", "--log", url, "--json", "--format", "csv"])
+    with pytest.raises(SystemExit):
+        main(["sessions", "--log", url, "--format", "xml"])

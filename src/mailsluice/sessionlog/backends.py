@@ -3,14 +3,15 @@
 ``open_backend(url)`` parses the URL (:func:`codec.parse_log_url`) and returns the
 object that writes batches: :class:`SqliteBackend` for ``sqlite:PATH``,
 :class:`JsonlBackend` for ``jsonl:PATH[?max_bytes=N&keep=K]``,
-:class:`PostgresBackend` for ``postgresql://`` / ``postgres://`` and
+:class:`PostgresBackend` for ``postgresql://`` / ``postgres://``,
+:class:`MysqlBackend` for ``mysql://`` / ``mariadb://`` and
 :class:`WebhookBackend` for ``webhook:http(s)://...``; ``none:`` gives a
 :class:`NullBackend` (callers that want no writer thread at all check
 ``parse_log_url(url).scheme == "none"`` first). Opening checks the target now
 (creates the file, connects and migrates the database) so that a wrong URL is
 reported at startup; every failure is a :class:`SessionLogError` (a ``ValueError``)
-naming the problem and the fix. The PostgreSQL and webhook modules are imported
-only when used, so asyncpg is needed only by those who log to PostgreSQL.
+naming the problem and the fix. The database and webhook modules are imported only
+when used, so asyncpg (PyMySQL) is needed only by those who log to PostgreSQL (MariaDB).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def open_backend(url: str | LogUrl) -> Backend:
 
         assert parsed.target is not None
         return PostgresBackend(parsed.target)
+    if parsed.scheme == "mysql":
+        from mailsluice.sessionlog.mysql import MysqlBackend
+
+        assert parsed.target is not None
+        return MysqlBackend(parsed.target)
     if parsed.scheme == "webhook":
         from mailsluice.sessionlog.webhook import WebhookBackend
 

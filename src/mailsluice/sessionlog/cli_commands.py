@@ -1,21 +1,41 @@
 """The ``sessions`` and ``transcript`` CLI commands: render the session log for people.
 
-Both return an exit code (0 ok, 1 log unreadable or session not found, with the
-reason on ``err``, stderr by default). Logged text comes from remote peers, so
-control characters are shown escaped (``\\x1b``), never sent to the terminal.
+Both return an exit code (0 ok, 1 log unreadable or session not found, 2 a filter
+option that cannot be understood, with the reason on ``err``, stderr by default).
+Logged text comes from remote peers, so control characters are shown escaped
+(``\\x1b``), never sent to the terminal; in CSV, a cell that a spreadsheet would
+take for a formula (``=``, ``+``, ``-``, ``@`` first) gets a ``'`` in front.
+
+``sessions`` prints a table, JSON lines (the session dicts of :mod:`rows`) or CSV
+(the same keys as columns; lists as JSON arrays, None as an empty cell).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
-from mailsluice.sessionlog.codec import LogReadError
+from mailsluice.sessionlog.codec import LogReadError, parse_log_url, printable
+from mailsluice.sessionlog.query import (
+    QueryError,
+    SessionFilter,
+    parse_codes,
+    parse_endpoint,
+    parse_mailbox,
+    parse_time,
+    parse_tls,
+)
 from mailsluice.sessionlog.reader import list_sessions, session_with_transcript
 
-__all__ = ["print_sessions", "print_transcript"]
+__all__ = ["FORMATS", "build_filter", "print_sessions", "print_transcript"]
+
+OutputFormat = Literal["table", "json", "csv"]
+FORMATS: tuple[OutputFormat, ...] = ("table", "json", "csv")
+_FORMULA_START = ("=", "+", "-", "@")
+_NO_FILTER = SessionFilter()
 
 _ARROWS = {
     "c>s": "C -> S",  # client command relayed to the MX
@@ -27,13 +47,6 @@ _ARROWS = {
     "note": "  **  ",  # an event, not a line
 }
 _MAX_CELL = 40
-
-
-def printable(text: str) -> str:
-    """``text`` with non-printable characters shown as Python escapes."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _cell(value: object, width: int = _MAX_CELL) -> str:
@@ -95,22 +108,95 @@ def _table(sessions: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def build_filter(
+    *,
+    now: float,
+    since: str | None = None,
+    until: str | None = None,
+    client: str | None = None,
+    destination: str | None = None,
+    sender: str | None = None,
+    recipient: str | None = None,
+    code: str | None = None,
+    tls: str | None = None,
+) -> SessionFilter:
+    """The filter the ``sessions`` options ask for; :class:`QueryError` names the option."""
+
+    def option(name: str, value: str | None, parse: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except QueryError as exc:
+            raise QueryError(f"--{name}: {exc}") from None
+
+    return SessionFilter(
+        since=option("since", since, lambda v: parse_time(v, now)),
+        until=option("until", until, lambda v: parse_time(v, now)),
+        client=option("client", client, parse_endpoint),
+        destination=option("destination", destination, parse_endpoint),
+        sender=option("sender", sender, lambda v: parse_mailbox(v, null_allowed=True)),
+        recipient=option("recipient", recipient, lambda v: parse_mailbox(v, null_allowed=False)),
+        codes=option("code", code, parse_codes) or (),
+        tls=option("tls", tls, parse_tls),
+    )
+
+
+def _csv_cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return json.dumps(value, ensure_ascii=False)
+    text = printable(str(value))
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def _write_csv(sessions: list[dict[str, Any]], out: TextIO) -> None:
+    columns = list(sessions[0]) if sessions else list(_CSV_COLUMNS)
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for session in sessions:
+        writer.writerow([_csv_cell(session[c]) for c in columns])
+
+
+_CSV_COLUMNS = ("id", "started_at", "ended_at", "client", "destination", "source_ip", "helo",
+                "mail_from", "mail_from_all", "rcpt_to", "transactions", "tls_version",
+                "tls_cipher", "tls_verified", "messages", "bytes", "final_code",
+                "connect_to_354_ms", "reason")  # fmt: skip
+
+
 def print_sessions(
-    url: str, *, as_json: bool, limit: int, out: TextIO, err: TextIO | None = None
+    url: str,
+    *,
+    output: OutputFormat = "table",
+    limit: int,
+    where: SessionFilter = _NO_FILTER,
+    out: TextIO,
+    err: TextIO | None = None,
+    as_json: bool = False,
 ) -> int:
-    """List the newest ``limit`` sessions: a table, or one JSON object per line."""
+    """List the newest ``limit`` sessions that pass ``where``: a table, JSON lines or CSV.
+
+    ``as_json=True`` is the older spelling of ``output="json"``."""
     err = err if err is not None else sys.stderr
+    output = "json" if as_json else output
     try:
-        sessions = list_sessions(url, limit)
+        sessions = list_sessions(url, limit, where)
     except LogReadError as exc:
         print(f"mailsluice: {exc}", file=err)
         return 1
-    if as_json:
+    if output == "json":
         for session in sessions:
             out.write(json.dumps(session, ensure_ascii=True) + "\n")
         return 0
+    if output == "csv":
+        _write_csv(sessions, out)
+        return 0
     if not sessions:
-        print(f"mailsluice: no sessions logged in {url} yet", file=err)
+        what = "match these filters" if where != _NO_FILTER else "are logged"
+        print(f"mailsluice: no sessions {what} in {parse_log_url(url).text}", file=err)
         return 0
     out.write("\n".join(_table(sessions)) + "\n")
     return 0

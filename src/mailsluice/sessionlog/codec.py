@@ -28,9 +28,10 @@ from mailsluice.relay.records import (
     TransactionEnded,
     TranscriptLine,
 )
+from mailsluice.sessionlog.mysql_url import parse_mysql_url
 
-Scheme = Literal["sqlite", "jsonl", "none", "postgresql", "webhook"]
-SCHEMES: tuple[Scheme, ...] = ("sqlite", "jsonl", "none", "postgresql", "webhook")
+Scheme = Literal["sqlite", "jsonl", "none", "postgresql", "mysql", "webhook"]
+SCHEMES: tuple[Scheme, ...] = ("sqlite", "jsonl", "none", "postgresql", "mysql", "webhook")
 
 # Webhook events: "reject" is any failed end of a message (5xx "rejected" or 4xx
 # "deferred"); "rejected" and "deferred" pick one of the two; "delivered" a 2xx;
@@ -45,7 +46,7 @@ TYPE_SESSION_CLOSED = "session_closed"
 
 _HINT = (
     "write one of sqlite:PATH, jsonl:PATH or none:, or postgresql://USER@HOST/DB, "
-    "webhook:https://HOST/PATH (e.g. sqlite:/var/lib/mailsluice/log.db)"
+    "mysql://USER@HOST/DB, webhook:https://HOST/PATH (e.g. sqlite:/var/lib/mailsluice/log.db)"
 )
 
 
@@ -86,7 +87,8 @@ class LogUrl:
     """A parsed log URL.
 
     ``sqlite:PATH``, ``jsonl:PATH[?max_bytes=N&keep=K]``, ``none:``,
-    ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``postgres://``) and
+    ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``postgres://``),
+    ``mysql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``mariadb://``; :mod:`mysql_url`) and
     ``webhook:http(s)://HOST/PATH[?events=...&timeout=S&retries=N&max_posts=N&
     min_interval=S&blocks=BOOL]``.
     """
@@ -120,6 +122,12 @@ def parse_log_url(url: str) -> LogUrl:
         return _parse_jsonl(url, rest)
     if scheme in ("postgresql", "postgres"):
         return _parse_postgres(url)
+    if scheme in ("mysql", "mariadb"):
+        try:
+            target = parse_mysql_url(url)
+        except ValueError as exc:
+            raise SessionLogError(str(exc)) from None
+        return LogUrl("mysql", None, target.shown, target=url)
     if scheme == "webhook":
         return _parse_webhook(url, rest)
     if scheme in ("http", "https"):  # shown without its path: a webhook's path is its secret
@@ -299,6 +307,14 @@ def clean_text(text: str) -> str:
     except UnicodeEncodeError:
         return _SURROGATE.sub(_escape_surrogate, text)
     return text
+
+
+def printable(text: str) -> str:
+    """``text`` with non-printable characters shown as Python escapes (for terminals and
+    chat messages: logged text comes from remote peers)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def clean_opt(text: str | None) -> str | None:

@@ -8,8 +8,8 @@ Every failure is a :class:`~mailsluice.sessionlog.codec.LogReadError` naming the
 URL (without its password) and the fix. The reader only reads: it never creates or
 migrates tables, so a read-only role can use it.
 
-``reader`` must import this module lazily (inside the function that dispatches):
-this module imports ``reader``'s helpers, and asyncpg is only needed here.
+``reader`` imports this module lazily (inside the function that dispatches):
+asyncpg is only needed here. Filters are SQL (:mod:`query_sql`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from mailsluice.sessionlog.codec import LogReadError, SessionNotFound, parse_log_url
+from mailsluice.sessionlog.codec import LogReadError, parse_log_url
 from mailsluice.sessionlog.postgres_schema import (
     SCHEMA_VERSION,
     Connection,
@@ -27,33 +27,32 @@ from mailsluice.sessionlog.postgres_schema import (
     run_private,
     schema_version,
 )
-from mailsluice.sessionlog.reader import _line_dict, _session_dict
+from mailsluice.sessionlog.query import SessionFilter
+from mailsluice.sessionlog.query_sql import POSTGRES, select_sessions
+from mailsluice.sessionlog.rows import AMBIGUOUS_SHOWN, Txn, choose_session, line_dict, session_dict
 
 __all__ = ["list_sessions", "session_with_transcript"]
 
 _T = TypeVar("_T")
-_AMBIGUOUS_SHOWN = 5
+_NO_FILTER = SessionFilter()
 _SESSION_COLUMNS = (
     "id, client, destination, source_ip, helo, tls_version, tls_cipher, tls_verified, "
     "extract(epoch FROM started_at)::float8 AS started_at, "
     "extract(epoch FROM ended_at)::float8 AS ended_at, "
     "messages, bytes, final_code, connect_to_354_ms, reason"
 )
-# (seq, mail_from, rcpt_to) of one transaction, as reader's helpers take them
-_Txn = tuple[int, str | None, list[str]]
 
 
-def list_sessions(url: str, limit: int = 50) -> list[dict[str, Any]]:
-    """The ``limit`` newest sessions (``limit <= 0``: all), newest first."""
+def list_sessions(
+    url: str, limit: int = 50, where: SessionFilter = _NO_FILTER
+) -> list[dict[str, Any]]:
+    """The ``limit`` newest sessions that pass ``where`` (``limit <= 0``: all), newest first."""
+    sql, params = select_sessions(POSTGRES, _SESSION_COLUMNS, where, limit)
 
     async def work(conn: Connection, shown: str) -> list[dict[str, Any]]:
-        rows = await conn.fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM mailsluice_sessions "
-            "ORDER BY started_at DESC NULLS LAST, id DESC LIMIT $1",
-            limit if limit > 0 else None,
-        )
+        rows = await conn.fetch(sql, *params)
         txns = await _txns(conn, [row["id"] for row in rows])
-        return [_session_dict(row["id"], dict(row), txns[row["id"]]) for row in rows]
+        return [session_dict(row["id"], dict(row), txns[row["id"]]) for row in rows]
 
     return _run(url, work)
 
@@ -69,7 +68,7 @@ def session_with_transcript(
         row = await conn.fetchrow(
             f"SELECT {_SESSION_COLUMNS} FROM mailsluice_sessions WHERE id = $1", sid
         )
-        session = _session_dict(sid, dict(row) if row else {}, (await _txns(conn, [sid]))[sid])
+        session = session_dict(sid, dict(row) if row else {}, (await _txns(conn, [sid]))[sid])
         by_seq: dict[int, dict[str, Any]] = {}  # a replayed record shows up once
         chunks = await conn.fetch(
             "SELECT lines FROM mailsluice_transcript WHERE session_id = $1 ORDER BY first_seq",
@@ -77,7 +76,7 @@ def session_with_transcript(
         )
         for chunk in chunks:
             for seq, at, direction, text in json.loads(chunk["lines"]):
-                by_seq[seq] = _line_dict(seq, at, direction, text)
+                by_seq[seq] = line_dict(seq, at, direction, text)
         return session, [by_seq[seq] for seq in sorted(by_seq)]
 
     return _run(url, work)
@@ -125,8 +124,8 @@ async def _check_schema(conn: Connection, shown: str) -> None:
         )
 
 
-async def _txns(conn: Connection, ids: list[str]) -> dict[str, list[_Txn]]:
-    found: dict[str, list[_Txn]] = {i: [] for i in ids}
+async def _txns(conn: Connection, ids: list[str]) -> dict[str, list[Txn]]:
+    found: dict[str, list[Txn]] = {i: [] for i in ids}
     if not ids:
         return found
     rows = await conn.fetch(
@@ -153,21 +152,9 @@ async def _resolve(conn: Connection, prefix: str, shown: str) -> str:
     for table, column in tables:
         rows = await conn.fetch(
             f"SELECT DISTINCT {column} FROM {table} WHERE {column} >= $1 AND {column} < $2 "
-            f"LIMIT {_AMBIGUOUS_SHOWN + 1}",
+            f"LIMIT {AMBIGUOUS_SHOWN + 1}",
             prefix,
             high,
         )
         candidates.update(row[0] for row in rows)
-    if len(candidates) == 1:
-        return candidates.pop()
-    if not candidates:
-        raise SessionNotFound(
-            f"no session {prefix!r} in {shown}; `mailsluice sessions` lists the logged sessions"
-        )
-    ordered = sorted(candidates)
-    shown_ids = ", ".join(ordered[:_AMBIGUOUS_SHOWN])
-    more = ", ..." if len(ordered) > _AMBIGUOUS_SHOWN else ""
-    raise SessionNotFound(
-        f"session id prefix {prefix!r} is ambiguous in {shown}: it matches {shown_ids}{more}; "
-        "give more characters"
-    )
+    return choose_session(prefix, candidates, shown)

@@ -28,7 +28,13 @@ from mailsluice.relay.records import (
 )
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, clean_opt, clean_text
 
-__all__ = ["SCHEMA_VERSION", "SqliteBackend", "create_private_file", "open_readonly"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "SqliteBackend",
+    "create_private_file",
+    "create_schema",
+    "open_readonly",
+]
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 2.0  # seconds the writer waits for a lock held by a reader or another writer
@@ -151,6 +157,11 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             f"BEGIN IMMEDIATE; {_MIGRATIONS[version]}; PRAGMA user_version = {version + 1}; COMMIT;"
         )
         version += 1
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Give an empty database (``:memory:`` for :mod:`jsonl_reader`) the current schema."""
+    _migrate(conn, Path(":memory:"))
 
 
 class SqliteBackend:

@@ -43,8 +43,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mailsluice.relay.records import Record, SessionClosed, SessionOpened, TransactionEnded
-from mailsluice.sessionlog.cli_commands import printable
-from mailsluice.sessionlog.codec import WEBHOOK_EVENTS, LogUrl, SessionLogError, iso_utc
+from mailsluice.sessionlog.codec import (
+    WEBHOOK_EVENTS,
+    LogUrl,
+    SessionLogError,
+    iso_utc,
+    printable,
+)
 
 __all__ = ["Event", "WebhookBackend", "WebhookError"]
 
