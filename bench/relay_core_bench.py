@@ -11,7 +11,7 @@ import time
 
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
-from mailsluice.relay.session import Relay
+from mailsluice.relay.machine import Relay
 
 SERVER = [
     b"220 mx.example ESMTP\r\n",

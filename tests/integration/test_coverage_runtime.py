@@ -53,9 +53,8 @@ from tests.unit.test_sessionlog_roundtrip import T0, session
 from mailsluice.config import HostPort, Settings
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.relay.pending import Phase as RelayPhase
+from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import Record
-from mailsluice.relay.session import Relay
 from mailsluice.runtime import connection, listener, origdst, tls, upstreamleg, workers
 from mailsluice.runtime.origdst import OriginalDestinationError
 from mailsluice.runtime.server import Proxy, ProxyContext
@@ -975,7 +974,8 @@ async def test_lingering_close_variants(tmp_path: Path) -> None:
         session._linger(draining)  # type: ignore[arg-type]
         assert draining.events == ["eof", "resume"]
         assert session.relay is not None
-        session.relay._phase = RelayPhase.CLOSED  # the relay is done
+        session.relay.handle(ev.ShutdownForced(), 0.0)  # the relay is done
+        assert session.relay.closed
         session.on_data(True, b"x" * connection.LINGER_BYTES)  # within the budget: drained
         assert draining.events == ["eof", "resume"]
         session.on_data(True, b"x")  # one byte over: cut off

@@ -12,8 +12,8 @@ from typing import TypeVar
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
+from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import Direction, Record, TranscriptChunk, TranscriptLine
-from mailsluice.relay.session import Relay
 from mailsluice.smtp.lines import Line, LineFramer
 from mailsluice.smtp.replies import Reply, ReplyAssembler
 
@@ -139,10 +139,10 @@ class Harness:
     def transcript(self) -> list[TranscriptLine]:
         """Lines handed over so far, and those the relay still holds (not yet emitted)."""
         lines = [r for r in records(self.log) if isinstance(r, TranscriptLine)]
-        held = self.relay._account.take_lines()
-        if held is not None:
-            self.log.append(act.Log(held))  # keep them: later calls see them again
-            lines.extend(held.expand())
+        for held in self.relay.take_log():
+            self.log.append(held)  # keep them: later calls see them again
+            assert isinstance(held.record, TranscriptChunk)
+            lines.extend(held.record.expand())
         return lines
 
     def directions(self) -> list[tuple[Direction, str]]:

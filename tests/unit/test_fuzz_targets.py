@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-from mailsluice.relay import session as relay_session
+from mailsluice.relay import body as relay_body
 from mailsluice.smtp import replies
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.data import BodyChunk, BodyScanner
@@ -165,6 +165,6 @@ def test_relay_target_catches_a_2xx_the_mx_never_gave(monkeypatch: pytest.Monkey
 
 
 def test_relay_target_catches_a_smuggled_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(relay_session, "BodyScanner", _LenientScanner)
+    monkeypatch.setattr(relay_body, "BodyScanner", _LenientScanner)
     with pytest.raises(AssertionError, match=r"2xx for another message|never sent"):
         target("relay").test_one_input((FUZZ / "corpus/relay/smuggling-lf-dot").read_bytes())

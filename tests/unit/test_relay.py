@@ -17,8 +17,8 @@ from tests.unit.relay_harness import (
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
+from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import Direction
-from mailsluice.relay.session import Relay
 from mailsluice.smtp.replies import Reply
 
 pytestmark = pytest.mark.unit

@@ -18,7 +18,7 @@ from tests.unit.relay_harness import (
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig
-from mailsluice.relay.filtermode import unstuff
+from mailsluice.relay.filtered import unstuff
 from mailsluice.relay.records import SessionClosed, TransactionEnded
 
 pytestmark = pytest.mark.unit

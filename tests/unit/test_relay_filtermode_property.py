@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
-from mailsluice.relay.session import Relay
+from mailsluice.relay.machine import Relay
 from mailsluice.smtp.lines import Line, LineFramer
 from mailsluice.smtp.replies import Reply, ReplyAssembler
 

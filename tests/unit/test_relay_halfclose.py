@@ -15,8 +15,8 @@ from tests.unit.relay_harness import records
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
+from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import Direction, SessionClosed, TransactionEnded, TranscriptLine
-from mailsluice.relay.session import Relay
 
 pytestmark = pytest.mark.unit
 

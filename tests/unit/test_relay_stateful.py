@@ -39,8 +39,8 @@ from tests.unit.smuggling import is_canonical
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig
+from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import SessionClosed, TranscriptChunk
-from mailsluice.relay.session import Relay
 from mailsluice.smtp.data import END_MARKER
 from mailsluice.smtp.lines import Line, LineFramer
 from mailsluice.smtp.replies import Reply
@@ -413,7 +413,9 @@ class RelayMachine(RuleBasedStateMachine):
             self.client_eof = True
             mid_body = self.body_mode
             self.step(ev.ClientEof())
-            if self.relay.closed and not mid_body:  # at once only when nothing is owed
+            # at once only when nothing is owed (the greeting, to a client that sent
+            # nothing and so could never use it, is not owed)
+            if self.relay.closed and not mid_body and list(self.owed) != ["GREETING"]:
                 assert not self.owed, f"half-close dropped replies: {list(self.owed)}"
         elif kind == "mx-close" and self.connected and not self.mx_closed:
             self.mx_closed, self.mx_tls = True, ""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.relay.session import Relay
+from mailsluice.relay.machine import Relay
 from mailsluice.runtime.dialer import plain_host
 from mailsluice.runtime.filterjob import FilterDriver
 from mailsluice.runtime.linger import LINGER_BYTES, LINGER_SECONDS, LingeringClose

@@ -1,6 +1,6 @@
 """One message in filter mode, on the I/O side: spool it, run the chain, send the result.
 
-The relay (``relay.filtermode``) decides *when*; this does the work it asks for:
+The relay (``relay.filtered``) decides *when*; this does the work it asks for:
 ``SpoolData`` goes to a ``MessageSpool`` (memory, then a private temporary file),
 ``RunFilters`` runs the ``FilterChain`` and answers ``FilterDecided``, ``SendSpooled``
 streams the message (edited, replaced or as received) dot-stuffed to the MX, then the

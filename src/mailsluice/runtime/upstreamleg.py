@@ -28,7 +28,7 @@ from mailsluice.runtime.sides import SessionEvents, Side, format_address
 from mailsluice.runtime.upstreampool import Pooled, PoolKey, UpstreamPool
 
 if TYPE_CHECKING:
-    from mailsluice.relay.session import Relay
+    from mailsluice.relay.machine import Relay
     from mailsluice.runtime.server import ProxyContext
 
 __all__ = ["Upstream", "UpstreamLeg"]

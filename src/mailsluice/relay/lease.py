@@ -1,0 +1,142 @@
+"""The upstream lease: when the session has an MX connection, and when it gives it back.
+
+``DedicatedLease`` is the binding mailsluice has always had: the session owns its MX
+connection from its first byte to its last. It dials at the start, or, with connection
+reuse, starts on an idle connection of the same client to the same destination that
+the shell kept (``runtime.upstreampool``):
+
+* the MX's greeting is replayed (no round trip);
+* the first EHLO (or HELO) is answered with the reply the MX gave to the same command
+  (for EHLO, the capability list as the client saw it); a different name or verb goes
+  to the MX, which resets its state (RFC 5321 §4.1.4);
+* from MAIL FROM on, the MX's real replies, the same rules. If the MX dropped the idle
+  connection meanwhile, the client gets ``421 4.4.2`` and retries.
+
+At QUIT, a session that may release and whose MX connection is idle (after a positive
+EHLO/HELO, no transaction, nothing owed or awaited, no deferral seen) emits
+``ReleaseServer`` instead of relaying QUIT and answers ``221`` itself.
+
+A lease that borrows a connection per transaction (the fair-sharing scheduler) fits the
+same interface: ``start`` then emits no dial, and the relay asks for a connection when
+a transaction needs one.
+"""
+
+from __future__ import annotations
+
+from mailsluice.relay import actions as act
+from mailsluice.relay.accounting import address_text
+from mailsluice.relay.outbox import Conductor, Outbox
+from mailsluice.relay.records import Direction
+from mailsluice.relay.state import Await, Link, Message, Owed, RelayState, Sent, Slot, Stage
+from mailsluice.smtp.commands import Command
+from mailsluice.smtp.replies import Reply
+
+
+class DedicatedLease:
+    """The session's own MX connection, dialled at the start or taken from the pool."""
+
+    __slots__ = ("_destination", "_first_hello", "_greeting", "_hello", "_may_release",
+                 "_out", "_relay", "_reused", "_state")  # fmt: skip
+
+    def __init__(
+        self,
+        state: RelayState,
+        out: Outbox,
+        relay: Conductor,
+        *,
+        destination: str,
+        reused: act.ReusedUpstream | None,
+        may_release: bool,
+    ) -> None:
+        self._destination = destination
+        self._state = state
+        self._out = out
+        self._relay = relay
+        self._reused = reused
+        self._may_release = may_release  # the shell keeps connections (reuse is on)
+        memo = reused.state if reused is not None else None
+        self._greeting: Reply | None = memo.greeting if memo else None
+        self._hello: tuple[str, Reply] | None = (memo.hello, memo.hello_reply) if memo else None
+        self._first_hello = memo is not None  # the first EHLO/HELO may come from the memo
+
+    def start(self) -> None:
+        """Dial, or start on the reused connection (its greeting replayed)."""
+        reused = self._reused
+        if reused is None:
+            slot = Slot(Owed.GREETING)
+            self._state.owed.append(slot)
+            self._state.awaiting.append(Sent(Await.GREETING, slot))
+            self._state.move_link(Link.DIALLING)
+            self._out.add(act.ConnectServer())
+            return
+        self._state.move_link(Link.OPEN)
+        self._state.enter(Stage.COMMANDS)
+        self._out.account.tls = reused.state.tls
+        self._out.note(
+            f"reusing the connection to {self._destination} from {reused.source} "
+            f"(client session {reused.sessions + 1} on it)"
+        )
+        self._out.to_client(reused.state.greeting, Direction.PROXY_TO_CLIENT)
+
+    def hello_from_memo(self, command: Command) -> bool:
+        """Answer the first EHLO/HELO of a reused session from the memo, when it is the one
+        the MX last answered and nothing is open upstream; False: it goes to the MX."""
+        first, self._first_hello = self._first_hello, False
+        memo = self._hello
+        state = self._state
+        idle = not state.owed and not state.awaiting
+        if first and idle and memo is not None and memo[0] == _hello_text(command):
+            self._out.account.helo = address_text(command.argument)
+            self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+            self._relay.local(memo[1])
+            return True
+        self._hello = None  # until the MX's positive reply to the one that goes out
+        return False
+
+    def remember_greeting(self, reply: Reply) -> None:
+        if self._may_release:
+            self._greeting = reply if reply.code == 220 else None
+
+    def remember_hello(self, slot: Slot, client_reply: Reply) -> None:
+        """The reply the client got to EHLO/HELO (after TLS, edited): what a session on
+        this connection later gets for the same command."""
+        if not self._may_release:  # nothing will be kept: spare the work
+            return
+        command = slot.command
+        if command is None or not client_reply.is_positive:
+            self._hello = None
+        else:
+            self._hello = (_hello_text(command), client_reply)
+
+    def deferred(self) -> None:
+        """The MX deferred something (4xx): that may be about the connection itself, so it
+        is never kept."""
+        self._may_release = False
+
+    def release_at_quit(self, command: Command) -> bool:
+        """QUIT: keep the MX connection for a later session if it is idle and clean."""
+        state, greeting, memo = self._state, self._greeting, self._hello
+        if (
+            not self._may_release
+            or state.link is not Link.OPEN
+            or greeting is None
+            or memo is None
+            or state.owed
+            or state.awaiting
+            or self._out.account.transaction is not None
+            or state.message is not Message.NONE
+            or state.draining
+            or state.stage is not Stage.COMMANDS
+        ):
+            return False
+        self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+        self._out.note("upstream connection kept for reuse")
+        state.move_link(Link.GONE)
+        memo_state = act.UpstreamState(greeting, memo[0], memo[1], self._out.account.tls)
+        self._out.add(act.ReleaseServer(memo_state))
+        self._relay.local(Reply.make(221, "2.0.0", "Bye"), close="quit")
+        return True
+
+
+def _hello_text(command: Command) -> str:
+    return f"{command.verb} {address_text(command.argument)}"

@@ -1,0 +1,230 @@
+"""Everything that decides what the relay does next: its stages and their legal moves.
+
+h11's rule: all of a state machine's state and every legal transition in one module.
+The relay's state has four independent parts, each an enum with a table of the moves
+it may make (any other move is a bug of ours: ``IllegalMove``, which the shell turns
+into ``421 4.3.0`` for that session):
+
+* ``Stage``, the session's main line: opening (the client has no greeting yet),
+  commands, a message body arriving, closed;
+* ``Input``, the client's input: open, discarded (it broke the pipelining rules), or
+  ended (it half-closed and reads on);
+* ``Link``, the MX connection: none, dialling, open, in the TLS handshake, gone;
+* ``Message``, the message of the transaction under way: none, its body arriving, or
+  judged by the filters (filter mode).
+
+Beside them, two queues hold the conversation:
+
+* ``owed``: one ``Slot`` per reply the client is owed, in the order of its commands
+  (RFC 2920). A slot is filled by the MX's reply or by one of ours, and leaves only from
+  the head, so pipelined replies can never be shifted onto another command. What a reply
+  does when it reaches the client depends on the slot's ``Owed`` kind.
+* ``awaiting``: one ``Sent`` per command sent to the MX whose reply has not come, in
+  order; a forwarded command fills its client slot, the proxy's own (STARTTLS, the EHLO
+  after TLS, keepalives, QUIT) fill none. What an MX reply does when it arrives depends
+  on the ``Await`` kind.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from mailsluice.relay.records import Direction
+from mailsluice.smtp.commands import Command
+from mailsluice.smtp.replies import Reply
+
+
+class IllegalMove(RuntimeError):
+    """A transition the tables below do not allow: a bug of ours, never the peers'."""
+
+
+class Stage(enum.Enum):
+    OPENING = "opening"  # the client has not had its greeting yet
+    COMMANDS = "commands"  # reading client commands, relaying replies
+    BODY = "body"  # a message body is arriving from the client
+    CLOSED = "closed"
+
+
+class Input(enum.Enum):
+    OPEN = "open"
+    DISCARDED = "discarded"  # it broke the pipelining rules: nothing more is read
+    ENDED = "ended"  # it half-closed: nothing more comes, it still reads our replies
+
+
+class Link(enum.Enum):
+    NONE = "none"  # no MX connection (not yet dialled)
+    DIALLING = "dialling"  # ConnectServer is out
+    OPEN = "open"  # connected: commands can be written, replies read
+    HANDSHAKE = "handshake"  # the TLS handshake: nothing is written or read
+    GONE = "gone"  # closed, lost or handed back: never used again by this session
+
+
+class Message(enum.Enum):
+    NONE = "none"
+    BODY = "body"  # its body is arriving
+    JUDGED = "judged"  # filter mode: complete, the filters' verdict is awaited
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+_STAGE_MOVES = {
+    Stage.OPENING: frozenset({Stage.COMMANDS, Stage.CLOSED}),
+    Stage.COMMANDS: frozenset({Stage.BODY, Stage.CLOSED}),
+    Stage.BODY: frozenset({Stage.COMMANDS, Stage.CLOSED}),
+    Stage.CLOSED: frozenset(),
+}
+_INPUT_MOVES = {
+    Input.OPEN: frozenset({Input.DISCARDED, Input.ENDED}),
+    Input.ENDED: frozenset({Input.DISCARDED}),  # what it sent before its end is refused
+    Input.DISCARDED: frozenset(),  # its end of stream changes nothing then
+}
+_LINK_MOVES = {
+    Link.NONE: frozenset({Link.DIALLING, Link.OPEN, Link.GONE}),  # OPEN: a reused one
+    Link.DIALLING: frozenset({Link.OPEN, Link.GONE}),
+    Link.OPEN: frozenset({Link.HANDSHAKE, Link.GONE}),
+    Link.HANDSHAKE: frozenset({Link.OPEN, Link.GONE}),
+    Link.GONE: frozenset(),
+}
+_MESSAGE_MOVES = {
+    Message.NONE: frozenset({Message.BODY}),
+    Message.BODY: frozenset({Message.NONE, Message.JUDGED}),
+    Message.JUDGED: frozenset({Message.NONE}),
+}
+
+
+def _pairs(table: Mapping[_E, frozenset[_E]]) -> frozenset[tuple[str, str]]:
+    """Every legal move as a pair of values: checked without hashing enum members."""
+    return frozenset((old.value, new.value) for old, news in table.items() for new in news)
+
+
+_STAGE_PAIRS = _pairs(_STAGE_MOVES)
+_INPUT_PAIRS = _pairs(_INPUT_MOVES)
+_LINK_PAIRS = _pairs(_LINK_MOVES)
+_MESSAGE_PAIRS = _pairs(_MESSAGE_MOVES)
+
+
+class Owed(enum.Enum):
+    """What a reply does when it reaches the client (the slot's kind)."""
+
+    GREETING = "greeting"  # the MX's banner: commands may be read from now on
+    HELLO = "hello"  # EHLO/HELO (the capability list, edited)
+    MAIL = "mail"
+    RCPT = "rcpt"
+    DATA = "data"  # a 354 starts the body
+    END_OF_DATA = "end-of-data"  # ends the transaction; the only way a 2xx for mail goes out
+    QUIT = "quit"  # the session ends
+    PLAIN = "plain"  # RSET, NOOP, VRFY, EXPN, HELP, and every reply of our own
+    OUR_DATA = "our-data"  # filter mode: DATA answered by us, decided at the head
+
+
+class Await(enum.Enum):
+    """What an MX reply is the answer to (the kind of the command sent)."""
+
+    GREETING = "greeting"
+    HELLO = "hello"  # the client's EHLO/HELO, or ours when it is repeated
+    STARTTLS = "starttls"  # ours
+    HELLO_AFTER_TLS = "hello-after-tls"  # ours; its reply is the client's
+    MAIL = "mail"
+    RCPT = "rcpt"
+    DATA = "data"
+    END_OF_DATA = "end-of-data"
+    RSET = "rset"
+    QUIT = "quit"
+    OTHER = "other"  # NOOP, VRFY, EXPN, HELP
+    KEEPALIVE = "keepalive"  # ours: NOOP while the filters run, RSET after a refusal
+    FILTERED_DATA = "filtered-data"  # ours: DATA after the filters said "relay"
+
+
+@dataclass(slots=True)
+class Slot:
+    """A reply the client is owed."""
+
+    kind: Owed
+    barrier: bool = False  # no further command is read until this reply is out
+    command: Command | None = None
+    reply: Reply | None = None  # None until known
+    direction: Direction = Direction.SERVER_TO_CLIENT  # how it is logged when sent
+    close: str | None = None  # the session ends once it is sent, for this reason
+
+
+@dataclass(slots=True)
+class Sent:
+    """A command out to the MX whose reply has not come."""
+
+    what: Await
+    slot: Slot | None = None  # the client's slot this reply fills; None: ours
+    fallback: Reply | None = None  # STARTTLS: the plaintext EHLO reply, if it is refused
+    timeout: float | None = None  # seconds the MX has to answer (the relay works it out)
+
+
+class RelayState:
+    """The relay's state (see the module docstring); every move is checked."""
+
+    __slots__ = ("awaiting", "draining", "errors", "input", "link", "message", "mx_heard_at",
+                 "owed", "stage")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.stage = Stage.OPENING
+        self.input = Input.OPEN
+        self.link = Link.NONE
+        self.message = Message.NONE
+        self.draining = False  # shutdown asked: end once no transaction is open
+        self.owed: deque[Slot] = deque()
+        self.awaiting: deque[Sent] = deque()
+        self.errors = 0  # local error replies so far
+        self.mx_heard_at = 0.0  # the last exchange with the MX (filter mode's keepalive clock)
+
+    # ------------------------------------------------------------- transitions
+    def enter(self, stage: Stage) -> None:
+        old = self.stage
+        if stage is not old:
+            if (old._value_, stage._value_) not in _STAGE_PAIRS:
+                raise _illegal(old, stage)
+            self.stage = stage
+
+    def end_input(self, how: Input) -> None:
+        old = self.input
+        if how is not old:
+            if (old._value_, how._value_) not in _INPUT_PAIRS:
+                raise _illegal(old, how)
+            self.input = how
+
+    def move_link(self, link: Link) -> None:
+        old = self.link
+        if link is not old:
+            if (old._value_, link._value_) not in _LINK_PAIRS:
+                raise _illegal(old, link)
+            self.link = link
+
+    def move_message(self, message: Message) -> None:
+        old = self.message
+        if message is not old:
+            if (old._value_, message._value_) not in _MESSAGE_PAIRS:
+                raise _illegal(old, message)
+            self.message = message
+
+    # ------------------------------------------------------------- the queues
+    def blocked(self) -> bool:
+        """A barrier is owed: no further client command is read until it is sent.
+
+        Nothing is read after a barrier slot is owed, so while one is owed it is the
+        last slot: looking at the tail is enough."""
+        owed = self.owed
+        return bool(owed) and owed[-1].barrier
+
+    def first_unfilled(self) -> Slot | None:
+        for slot in self.owed:
+            if slot.reply is None:
+                return slot
+        return None
+
+    def awaits(self, what: Await) -> bool:
+        return any(sent.what is what for sent in self.awaiting)
+
+
+def _illegal(old: enum.Enum, new: enum.Enum) -> IllegalMove:
+    return IllegalMove(f"{type(old).__name__}: {old.value} -> {new.value} is not a legal move")

@@ -1,0 +1,118 @@
+"""The MX's answer to EHLO, and the TLS upgrade toward the MX (pure).
+
+When the MX's EHLO reply offers STARTTLS (and TLS is allowed for it), the client is not
+answered yet: the proxy sends STARTTLS itself; at the MX's 220 it checks that nothing
+follows before the handshake (response injection, CVE-2011-0411 in reverse), asks the
+shell to upgrade (``StartServerTls``), re-sends the client's EHLO over TLS and answers
+the client with the post-TLS capability list, edited for it (``smtp.ehlo``). A refused
+STARTTLS falls back to the plaintext list; a failed handshake ends the session with
+``421 4.7.5`` and has the shell remember that TLS to this destination is broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mailsluice.relay import actions as act
+from mailsluice.relay.outbox import Conductor, Outbox
+from mailsluice.relay.records import Direction
+from mailsluice.relay.state import Await, Link, RelayState, Sent, Slot
+from mailsluice.smtp import ehlo
+from mailsluice.smtp import replies as rp
+from mailsluice.smtp.replies import Reply
+
+HelloMemo = Callable[[Slot, Reply], None]  # keeps what the client was told (reuse)
+
+
+class TlsUpgrade:
+    """EHLO replies, STARTTLS and the handshake's outcome."""
+
+    __slots__ = ("_allowed", "_host", "_out", "_relay", "_remember", "_size_limit", "_state")
+
+    def __init__(
+        self,
+        state: RelayState,
+        out: Outbox,
+        relay: Conductor,
+        *,
+        allowed: bool,
+        size_limit: int,
+        hostname: str,
+        remember: HelloMemo,
+    ) -> None:
+        self._state = state
+        self._out = out
+        self._relay = relay
+        self._allowed = allowed
+        self._size_limit = size_limit
+        self._host = hostname
+        self._remember = remember
+
+    def hello_reply(self, sent: Sent, reply: Reply, *, more_buffered: bool) -> None:
+        """The MX answered EHLO/HELO (before TLS, or after it: ``HELLO_AFTER_TLS``)."""
+        slot = sent.slot
+        assert slot is not None
+        account = self._out.account
+        offered = ehlo.keywords(reply) if reply.is_positive else {}
+        first = sent.what is Await.HELLO and account.tls is None  # never TLS inside TLS
+        is_ehlo = slot.command is not None and slot.command.verb == "EHLO"
+        if first and is_ehlo and self._allowed and "STARTTLS" in offered:
+            if more_buffered:  # sent before our STARTTLS: it cannot be its answer
+                self._relay.protocol_error("reply before STARTTLS was sent")
+                return
+            self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+            self._state.awaiting.appendleft(Sent(Await.STARTTLS, slot, fallback=reply))
+            self._out.ours_to_server(b"STARTTLS")
+            return
+        self._answer(slot, reply)
+
+    def starttls_reply(self, sent: Sent, reply: Reply, *, clean_cut: bool) -> None:
+        """The MX answered our STARTTLS; ``clean_cut``: nothing followed its reply."""
+        self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+        slot, fallback = sent.slot, sent.fallback
+        assert slot is not None
+        assert fallback is not None
+        if reply.code != 220:
+            self._out.note("MX refused STARTTLS; continuing in plaintext")
+            self._answer(slot, fallback)
+            return
+        if not clean_cut:
+            self.injection()
+            return
+        self._state.awaiting.appendleft(Sent(Await.HELLO_AFTER_TLS, slot))
+        self._state.move_link(Link.HANDSHAKE)
+        self._out.add(act.StartServerTls())
+
+    def started(self, version: str, cipher: str, verified: bool) -> None:
+        """The handshake is done: the client's EHLO again, over TLS."""
+        self._out.account.tls = (version, cipher, verified)
+        self._out.note(f"TLS established: {version} {cipher} verified={verified}")
+        self._state.move_link(Link.OPEN)
+        slot = self._state.awaiting[0].slot
+        assert slot is not None
+        command = slot.command
+        assert command is not None
+        self._out.client_line(command.line, Direction.PROXY_TO_SERVER)  # ours, this time
+        self._out.add(act.SendToServer(command.wire))
+
+    def broken(self, note: str) -> None:
+        """The handshake failed, timed out or lost the MX: ``421 4.7.5``."""
+        self._out.note(note)
+        self._out.add(act.TlsBroken())
+        self._relay.fail(rp.tls_failed(self._host), "tls-failed")
+
+    def injection(self) -> None:
+        self._out.note("STARTTLS response injection: bytes after the MX's 220 before the handshake")
+        reply = Reply.make(421, "4.7.0", f"{self._host} Error: TLS negotiation failed")
+        self._relay.fail(reply, "tls-injection")
+
+    def _answer(self, slot: Slot, reply: Reply) -> None:
+        """The client's reply to its EHLO (the MX's, edited for the client) or HELO."""
+        ehlo_verb = slot.command is not None and slot.command.verb == "EHLO"
+        edited = ehlo.edit_for_client(reply, self._size_limit) if ehlo_verb else reply
+        if edited != reply:
+            self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+            slot.direction = Direction.PROXY_TO_CLIENT
+        slot.reply = edited
+        self._remember(slot, edited)
+        self._relay.flush()
