@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -95,8 +97,29 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
+#: the exit status of a pipe writer whose reader went away, as a shell reports one killed
+#: by SIGPIPE (``yes | head``): 128 + SIGPIPE
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one command; a closed standard output (``... | head``) ends it quietly."""
+    try:
+        try:
+            code = _main(sys.argv[1:] if argv is None else argv)
+        finally:  # also after --help/--version (SystemExit): here, not at interpreter exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away. Python's documented way: point stdout at /dev/null so the
+        # flush at exit cannot fail again, and exit without a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["demo"]:  # these take their own options, passed through untouched
         from mailsluice.demo import main as demo_main
 
