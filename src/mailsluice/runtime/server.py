@@ -37,7 +37,7 @@ from mailsluice.runtime.listener import Listener, descriptor_capacity, listening
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.upstreampool import UpstreamPool
-from mailsluice.runtime.workers import supervise
+from mailsluice.runtime.workers import hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog.fanout import LogFanout
 from mailsluice.sessionlog.writer import LogWriter, open_log
 from mailsluice.smtp.replies import Reply
@@ -308,6 +308,8 @@ async def serve(settings: Settings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with Proxy(settings) as proxy:
+        # after the log writer's process is started, so that it inherits SIGHUP ignored
+        loop.add_signal_handler(signal.SIGHUP, log_hangup)
         print(f"mailsluice listening on {settings.listen} ({proxy._mode()})", flush=True)
         await stop.wait()
         log.info("shutting down: %d sessions open", len(proxy.context.sessions))
@@ -317,6 +319,11 @@ async def serve(settings: Settings) -> int:
 
 def run(settings: Settings) -> int:
     """Blocking entry point: one process, or ``settings.workers`` forked workers."""
+    with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.workers``)
+        return _run(settings)
+
+
+def _run(settings: Settings) -> int:
     build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
     build_watchers(settings)
     if settings.workers <= 1:
