@@ -34,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the proxy")
     _common_log_options(serve)
-    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:10025)")
+    serve.add_argument(
+        "--listen",
+        action="append",
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:10025); repeat it for several, "
+        "e.g. --listen 0.0.0.0:10025 --listen [::]:10025",
+    )
     serve.add_argument(
         "--upstream", help="relay every connection to this HOST:PORT (default: transparent)"
     )
@@ -83,12 +89,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Embedded defaults, then the config file, then the flags."""
     settings = load_file(args.config) if getattr(args, "config", None) else Settings()
     flags: dict[str, object] = {}
-    names = ("listen", "upstream", "outbound_ip", "log", "message_size_limit", "workers",
+    names = ("upstream", "outbound_ip", "log", "message_size_limit", "workers",
              "max_connections_per_client", "reuse_connections")  # fmt: skip
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
             flags[name] = value
+    listen: list[str] | None = getattr(args, "listen", None)  # repeatable
+    if listen:
+        flags["listen"] = listen[0] if len(listen) == 1 else listen
     if getattr(args, "allow", None):
         flags["allow"] = list(args.allow)
     settings = settings_from_mapping(flags, settings) if flags else settings
@@ -158,7 +167,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
             if present
         )
-        print(f"{args.file}: OK (listen {settings.listen}, {mode}, log {settings.log}{extras})")
+        listen = ", ".join(map(str, settings.listen_addresses))
+        print(f"{args.file}: OK (listen {listen}, {mode}, log {settings.log}{extras})")
         return 0
     settings = settings_from_args(args)
     if args.command == "sessions":

@@ -51,7 +51,12 @@ class HostPort:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    listen: HostPort = field(default_factory=lambda: parse_host_port(DEFAULT_LISTEN, "listen"))
+    # one address, or several (``listen = ["0.0.0.0:10025", "[::]:10025"]``): read it
+    # through ``listen_addresses``. (A single HostPort stays accepted for code that builds
+    # Settings itself.)
+    listen: HostPort | tuple[HostPort, ...] = field(
+        default_factory=lambda: parse_host_port(DEFAULT_LISTEN, "listen")
+    )
     upstream: HostPort | None = None  # None = transparent (SO_ORIGINAL_DST)
     outbound_ip: str | None = None
     allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
@@ -81,6 +86,11 @@ class Settings:
     filters: tuple[FilterSpec, ...] = ()  # the message filter chain, in order
     filtering: FilteringSettings = field(default_factory=FilteringSettings)
 
+    @property
+    def listen_addresses(self) -> tuple[HostPort, ...]:
+        """Every address to listen on, in the order given."""
+        return self.listen if isinstance(self.listen, tuple) else (self.listen,)
+
 
 def parse_host_port(value: str, key: str) -> HostPort:
     """Parse ``host:port`` or ``[v6]:port``."""
@@ -92,6 +102,20 @@ def parse_host_port(value: str, key: str) -> HostPort:
     if not sep or not host or not rest.isdigit() or not 0 < int(rest) < 65536:
         raise ConfigError(f"{key}: {value!r} is not HOST:PORT (e.g. 127.0.0.1:10025 or [::1]:25)")
     return HostPort(host, int(rest))
+
+
+def _listen(raw: object, key: str) -> HostPort | tuple[HostPort, ...]:
+    """``"HOST:PORT"``, or a list of them (each address once, in the order given)."""
+    if isinstance(raw, str):
+        return parse_host_port(raw, key)
+    if not isinstance(raw, list):
+        raise ConfigError(
+            f"{key}: expected a string or a list of strings, got {raw!r} "
+            '(e.g. listen = ["0.0.0.0:10025", "[::]:10025"])'
+        )
+    if not raw:
+        raise ConfigError(f"{key}: the list is empty; give at least one HOST:PORT")
+    return tuple(dict.fromkeys(parse_host_port(_string(item, key), key) for item in raw))
 
 
 def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -184,7 +208,7 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
     for key, raw in data.items():
         match key:
             case "listen":
-                top["listen"] = parse_host_port(_string(raw, key), key)
+                top["listen"] = _listen(raw, key)
             case "upstream":
                 top["upstream"] = parse_host_port(_string(raw, key), key) if raw else None
             case "outbound_ip":

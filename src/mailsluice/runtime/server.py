@@ -33,7 +33,12 @@ from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import access, limits
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
-from mailsluice.runtime.listener import Listener, descriptor_capacity, listening_sockets
+from mailsluice.runtime.listener import (
+    Listener,
+    address_text,
+    descriptor_capacity,
+    listening_sockets,
+)
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.upstreampool import UpstreamPool
@@ -244,24 +249,23 @@ class Proxy:
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         self.context.fit_descriptors()  # before the first connection can arrive
-        listen = self.settings.listen
-        try:
-            socks = await listening_sockets(
-                listen.host, listen.port, reuse_port=self.settings.workers > 1
-            )
-        except OSError as exc:
+        listen = [(a.host, a.port) for a in self.settings.listen_addresses]
+        try:  # every address, or none (the error names the address and the fix)
+            socks = await listening_sockets(listen, reuse_port=self.settings.workers > 1)
+        except OSError:
             await self._group.__aexit__(None, None, None)
             self.log_writer.close()
-            raise OSError(
-                exc.errno,
-                f"cannot listen on {listen}: {exc.strerror} (is another process "
-                "using it? choose another with --listen)",
-            ) from None
+            raise
         load = self.context.sessions.__len__
         self._listeners = [Listener(sock, self._adopt, load) for sock in socks]
         self.context.own_addresses = self.addresses
-        log.info("listening on %s (%s)", listen, self._mode())
+        log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
+
+    @property
+    def listening_on(self) -> str:
+        """The addresses listened on, as an operator reads them: ``0.0.0.0:10025, [::]:10025``."""
+        return ", ".join(address_text(host, port) for host, port in self.addresses)
 
     def _mode(self) -> str:
         up = self.settings.upstream
@@ -310,7 +314,7 @@ async def serve(settings: Settings) -> int:
     async with Proxy(settings) as proxy:
         # after the log writer's process is started, so that it inherits SIGHUP ignored
         loop.add_signal_handler(signal.SIGHUP, log_hangup)
-        print(f"mailsluice listening on {settings.listen} ({proxy._mode()})", flush=True)
+        print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         await stop.wait()
         log.info("shutting down: %d sessions open", len(proxy.context.sessions))
         await proxy.shutdown()
@@ -329,7 +333,8 @@ def _run(settings: Settings) -> int:
     if settings.workers <= 1:
         return _run_one(settings)
     open_log(settings.log, settings.log_queue_limit).close()  # create the log before forking
-    print(f"mailsluice: {settings.workers} workers on {settings.listen}", flush=True)
+    listen = ", ".join(map(str, settings.listen_addresses))
+    print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     return supervise(settings.workers, lambda: _run_one(settings))
 
 
