@@ -11,7 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mailsluice.plugins.settings import (
     FilteringSettings,
@@ -26,7 +26,11 @@ from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, Tl
 
 DEFAULT_LISTEN = "127.0.0.1:10025"
 DEFAULT_LOG = "sqlite:mailsluice.db"
+#: in ``allow``: this host's own addresses, read from its interfaces at start
+#: (``runtime.localaddrs``): the clients of the same-host OUTPUT REDIRECT
+ALLOW_LOCAL: Literal["local"] = "local"
 DEFAULT_ALLOW: tuple[str, ...] = (
+    ALLOW_LOCAL,
     "127.0.0.0/8",
     "::1/128",
     "10.0.0.0/8",
@@ -34,6 +38,9 @@ DEFAULT_ALLOW: tuple[str, ...] = (
     "192.168.0.0/16",
     "fc00::/7",
 )
+
+
+AllowEntry = ipaddress.IPv4Network | ipaddress.IPv6Network | Literal["local"]
 
 
 class ConfigError(ValueError):
@@ -59,8 +66,10 @@ class Settings:
     )
     upstream: HostPort | None = None  # None = transparent (SO_ORIGINAL_DST)
     outbound_ip: str | None = None
-    allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
-        default_factory=lambda: tuple(ipaddress.ip_network(n) for n in DEFAULT_ALLOW)
+    # client networks; ``"local"`` (ALLOW_LOCAL) stands for this host's own addresses,
+    # read from its interfaces when the proxy starts (``runtime.localaddrs``)
+    allow: tuple[AllowEntry, ...] = field(
+        default_factory=lambda: _allow(list(DEFAULT_ALLOW), "allow")
     )
     log: str = DEFAULT_LOG
     log_queue_limit: int = 100_000  # records held for the log writer before dropping
@@ -123,8 +132,18 @@ def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Netw
         return ipaddress.ip_network(value.strip(), strict=False)
     except ValueError:
         raise ConfigError(
-            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8) "
+            f"or {ALLOW_LOCAL!r} (this host's own addresses)"
         ) from None
+
+
+def _allow(raw: list[object], key: str) -> tuple[AllowEntry, ...]:
+    """An ``allow`` list: networks, and maybe ``local`` (each entry once)."""
+    entries: list[AllowEntry] = []
+    for item in raw:
+        text = _string(item, key).strip()
+        entries.append(ALLOW_LOCAL if text == ALLOW_LOCAL else _network(text, key))
+    return tuple(dict.fromkeys(entries))
 
 
 def _ip(value: str, key: str) -> str:
@@ -215,8 +234,10 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top["outbound_ip"] = _ip(_string(raw, key), key) if raw else None
             case "allow":
                 if not isinstance(raw, list):
-                    raise ConfigError("allow: expected a list of networks, e.g. ['10.0.0.0/8']")
-                top["allow"] = tuple(_network(_string(n, key), key) for n in raw)
+                    raise ConfigError(
+                        "allow: expected a list of networks, e.g. ['local', '10.0.0.0/8']"
+                    )
+                top["allow"] = _allow(raw, key)
             case "log":
                 top["log"] = _log_url(_string(raw, key), key)
             case "log_queue_limit":

@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from types import TracebackType
 
-from mailsluice.config import Settings
+from mailsluice.config import ALLOW_LOCAL, Settings
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
@@ -39,6 +39,7 @@ from mailsluice.runtime.listener import (
     descriptor_capacity,
     listening_sockets,
 )
+from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.upstreampool import UpstreamPool
@@ -72,6 +73,10 @@ class ProxyContext:
         # us (the REDIRECT rule lacks the owner exclusion): a loop.
         self.outbound: set[tuple[str, int, str, int]] = set()
         self._allowed_clients: dict[str, bool] = {}  # client IP -> in an allowed network
+        local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
+        self.allowed_networks = allowed_networks(settings.allow, lambda: local)
+        if local:
+            log.info("allow: local = %s", ", ".join(map(str, local)))
         self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self.accepting = True
@@ -135,9 +140,16 @@ class ProxyContext:
         if allowed is None:
             if len(self._allowed_clients) > 4096:
                 self._allowed_clients.clear()
-            allowed = access.client_allowed(client_ip, self.settings.allow)
+            allowed = access.client_allowed(client_ip, self.allowed_networks)
             self._allowed_clients[client_ip] = allowed
-        if not allowed:  # a 5xx even when full: a stranger must not retry
+            if not allowed:  # said once per address: it may be an MSA of ours, misrouted
+                log.warning(
+                    "refused %s: not in the allowed networks (421 4.7.1, it will retry); "
+                    "if it is one of your MSAs, add its network to allow (on the host "
+                    'itself, with the OUTPUT REDIRECT: allow = ["local"])',
+                    client_ip,
+                )
+        if not allowed:  # a 4xx: a misconfigured allow list defers mail, never bounces it
             return access.denied(client_ip, host)
         if access.is_loop(destination, own):
             return access.loop_refusal(host)
