@@ -32,6 +32,7 @@ from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import access, limits
 from mailsluice.policy.tls_memory import TlsFailureMemory
+from mailsluice.runtime import startup
 from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
 from mailsluice.runtime.listener import (
     Listener,
@@ -340,6 +341,8 @@ def run(settings: Settings) -> int:
 
 
 def _run(settings: Settings) -> int:
+    for warning in startup.check(settings):  # refuses what would fail every session
+        log.warning("%s", warning)
     build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
     build_watchers(settings)
     if settings.workers <= 1:
