@@ -17,6 +17,7 @@ from mailsluice.config import (
     load_file,
     settings_from_mapping,
 )
+from mailsluice.logplace import DEFAULT_LOG, NoLogPlace, default_log
 from mailsluice.plugins.build import BuildError
 
 
@@ -143,6 +144,9 @@ def _main(argv: list[str]) -> int:
     except (ConfigError, BuildError) as exc:
         print(f"mailsluice: configuration error: {exc}", file=sys.stderr)
         return 2
+    except NoLogPlace as exc:
+        print(f"mailsluice: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
@@ -168,17 +172,25 @@ def _dispatch(args: argparse.Namespace) -> int:
             if present
         )
         listen = ", ".join(map(str, settings.listen_addresses))
-        print(f"{args.file}: OK (listen {listen}, {mode}, log {settings.log}{extras})")
+        log = settings.log or f"{DEFAULT_LOG} (the default)"
+        print(f"{args.file}: OK (listen {listen}, {mode}, log {log}{extras})")
         return 0
     settings = settings_from_args(args)
+    log_url = settings.log
+    if log_url is None:  # the default place; a fallback is said once, here
+        place = default_log(writing=args.command == "serve")
+        if place.notice:
+            print(place.notice, file=sys.stderr)
+        log_url = place.url
+        settings = replace(settings, log=log_url)
     if args.command == "sessions":
         from mailsluice.sessionlog.cli_commands import print_sessions
 
-        return print_sessions(settings.log, as_json=args.json, limit=args.limit, out=sys.stdout)
+        return print_sessions(log_url, as_json=args.json, limit=args.limit, out=sys.stdout)
     if args.command == "transcript":
         from mailsluice.sessionlog.cli_commands import print_transcript
 
-        return print_transcript(settings.log, args.id, out=sys.stdout)
+        return print_transcript(log_url, args.id, out=sys.stdout)
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from mailsluice.logplace import DEFAULT_LOG as DEFAULT_LOG
 from mailsluice.plugins.settings import (
     FilteringSettings,
     FilterSpec,
@@ -25,7 +26,6 @@ from mailsluice.plugins.settings import (
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
 
 DEFAULT_LISTEN = "127.0.0.1:10025"
-DEFAULT_LOG = "sqlite:mailsluice.db"
 #: in ``allow``: this host's own addresses, read from its interfaces at start
 #: (``runtime.localaddrs``): the clients of the same-host OUTPUT REDIRECT
 ALLOW_LOCAL: Literal["local"] = "local"
@@ -71,7 +71,9 @@ class Settings:
     allow: tuple[AllowEntry, ...] = field(
         default_factory=lambda: _allow(list(DEFAULT_ALLOW), "allow")
     )
-    log: str = DEFAULT_LOG
+    # None: the default place (``logplace``: /var/lib/mailsluice/sessions.db, or a
+    # fallback said on stderr), resolved when the log is opened; else a log URL
+    log: str | None = None
     log_queue_limit: int = 100_000  # records held for the log writer before dropping
     log_process: bool = True  # write the log from a child process (off: a thread)
     max_connections: int = 1000  # sessions per worker; over it: 421 4.3.2

@@ -28,6 +28,7 @@ from types import TracebackType
 
 from mailsluice.config import ALLOW_LOCAL, Settings
 from mailsluice.filtering.chain import FilterChain
+from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import access, limits
@@ -198,12 +199,23 @@ class ProxyContext:
 def open_sinks(settings: Settings) -> LogWriter:
     """The session log and every extra sink (``log_sinks``, watching ``plugins``)."""
     limit = settings.log_queue_limit
-    writers = [open_log(settings.log, limit, process=settings.log_process)]
+    writers = [open_log(_log_url(settings), limit, process=settings.log_process)]
     writers += [open_log(url, limit, process=settings.log_process) for url in settings.log_sinks]
     watchers = build_watchers(settings)
     if watchers:
         writers.append(LogWriter(PluginSink(watchers), queue_limit=limit, name="plugins"))
     return writers[0] if len(writers) == 1 else LogFanout(writers)
+
+
+def _log_url(settings: Settings) -> str:
+    """The session log's URL: ``log``, or the default place (the CLI resolves it first and
+    says where; settings built in code get it here, said in the log)."""
+    if settings.log is not None:
+        return settings.log
+    place = default_log(writing=True)
+    if place.notice:
+        log.warning("%s", place.notice)
+    return place.url
 
 
 def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
@@ -347,7 +359,9 @@ def _run(settings: Settings) -> int:
     build_watchers(settings)
     if settings.workers <= 1:
         return _run_one(settings)
-    open_log(settings.log, settings.log_queue_limit).close()  # create the log before forking
+    log_url = _log_url(settings)
+    settings = replace(settings, log=log_url)  # one place for every worker
+    open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     return supervise(settings.workers, lambda: _run_one(settings))
