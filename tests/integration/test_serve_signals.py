@@ -86,8 +86,12 @@ async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
         try:
             await asyncio.to_thread(_wait_for_greeting, port, proc, 20.0)
             await asyncio.to_thread(_send, port, 1)
-            before = _group(proc.pid)  # supervisor, workers, their log writer processes
-            assert len(before) == (1 if workers == 1 else 1 + workers) + workers, before
+            # supervisor (with workers), workers, their log writers: all started
+            expected = (1 if workers == 1 else 1 + workers) + workers
+            deadline = time.monotonic() + 20
+            while len(before := _group(proc.pid)) != expected and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(before) == expected, before
             os.killpg(proc.pid, signal.SIGHUP)  # every process of the group, as a hang-up
             await asyncio.sleep(1.0)
             assert proc.poll() is None, f"SIGHUP stopped the proxy (exit {proc.returncode})"
