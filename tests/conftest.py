@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Iterator
 
 import pytest
 import trustme
 from hypothesis import settings
 
+from mailsluice.logplace import DEFAULT_LOG_DIR
 from tests.support import certs
 
 settings.register_profile("fast", max_examples=200, deadline=None)
@@ -42,3 +44,13 @@ def server_ssl_context(mx_cert: trustme.LeafCert) -> ssl.SSLContext:
 def client_ssl_context(tls_ca: trustme.CA) -> ssl.SSLContext:
     """A verifying client context trusting ``tls_ca``."""
     return certs.client_context(tls_ca)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_session_log_in_var_lib() -> Iterator[None]:
+    """Tests give every log a place of their own (``--log``, ``log=``): none may create the
+    default log directory of the machine (/var/lib/mailsluice) by leaving it out."""
+    existed = DEFAULT_LOG_DIR.exists()
+    yield
+    if not existed and DEFAULT_LOG_DIR.exists():
+        pytest.fail(f"a test created {DEFAULT_LOG_DIR}: pass an explicit --log / log=")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -16,6 +18,7 @@ from mailsluice.config import (
     load_file,
     settings_from_mapping,
 )
+from mailsluice.logplace import DEFAULT_LOG, NoLogPlace, default_log
 from mailsluice.plugins.build import BuildError
 
 
@@ -59,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the proxy")
     _common_log_options(serve)
-    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:10025)")
+    serve.add_argument(
+        "--listen",
+        action="append",
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:10025); repeat it for several, "
+        "e.g. --listen 0.0.0.0:10025 --listen [::]:10025",
+    )
     serve.add_argument(
         "--upstream", help="relay every connection to this HOST:PORT (default: transparent)"
     )
@@ -119,12 +128,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Embedded defaults, then the config file, then the flags."""
     settings = load_file(args.config) if getattr(args, "config", None) else Settings()
     flags: dict[str, object] = {}
-    names = ("listen", "upstream", "outbound_ip", "log", "message_size_limit", "workers",
+    names = ("upstream", "outbound_ip", "log", "message_size_limit", "workers",
              "max_connections_per_client", "reuse_connections")  # fmt: skip
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
             flags[name] = value
+    listen: list[str] | None = getattr(args, "listen", None)  # repeatable
+    if listen:
+        flags["listen"] = listen[0] if len(listen) == 1 else listen
     if getattr(args, "allow", None):
         flags["allow"] = list(args.allow)
     settings = settings_from_mapping(flags, settings) if flags else settings
@@ -133,8 +145,29 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
+#: the exit status of a pipe writer whose reader went away, as a shell reports one killed
+#: by SIGPIPE (``yes | head``): 128 + SIGPIPE
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one command; a closed standard output (``... | head``) ends it quietly."""
+    try:
+        try:
+            code = _main(sys.argv[1:] if argv is None else argv)
+        finally:  # also after --help/--version (SystemExit): here, not at interpreter exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away. Python's documented way: point stdout at /dev/null so the
+        # flush at exit cannot fail again, and exit without a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["demo"]:  # these take their own options, passed through untouched
         from mailsluice.demo import main as demo_main
 
@@ -148,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args)
     except (ConfigError, BuildError) as exc:
         print(f"mailsluice: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except NoLogPlace as exc:
+        print(f"mailsluice: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -163,6 +199,7 @@ def _sessions(args: argparse.Namespace, settings: Settings) -> int:
     except QueryError as exc:
         print(f"mailsluice sessions: {exc}", file=sys.stderr)
         return 2
+    assert settings.log is not None  # the default place was filled in by _dispatch
     return print_sessions(
         settings.log, output=args.format, limit=args.limit, where=where, out=sys.stdout
     )
@@ -188,15 +225,24 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
             if present
         )
-        print(f"{args.file}: OK (listen {settings.listen}, {mode}, log {settings.log}{extras})")
+        listen = ", ".join(map(str, settings.listen_addresses))
+        log = settings.log or f"{DEFAULT_LOG} (the default)"
+        print(f"{args.file}: OK (listen {listen}, {mode}, log {log}{extras})")
         return 0
     settings = settings_from_args(args)
+    log_url = settings.log
+    if log_url is None:  # the default place; a fallback is said once, here
+        place = default_log(writing=args.command == "serve")
+        if place.notice:
+            print(place.notice, file=sys.stderr)
+        log_url = place.url
+        settings = replace(settings, log=log_url)
     if args.command == "sessions":
         return _sessions(args, settings)
     if args.command == "transcript":
         from mailsluice.sessionlog.cli_commands import print_transcript
 
-        return print_transcript(settings.log, args.id, out=sys.stdout)
+        return print_transcript(log_url, args.id, out=sys.stdout)
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

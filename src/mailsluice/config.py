@@ -11,8 +11,9 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from mailsluice.logplace import DEFAULT_LOG as DEFAULT_LOG
 from mailsluice.plugins.settings import (
     FilteringSettings,
     FilterSpec,
@@ -25,8 +26,11 @@ from mailsluice.plugins.settings import (
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
 
 DEFAULT_LISTEN = "127.0.0.1:10025"
-DEFAULT_LOG = "sqlite:mailsluice.db"
+#: in ``allow``: this host's own addresses, read from its interfaces at start
+#: (``runtime.localaddrs``): the clients of the same-host OUTPUT REDIRECT
+ALLOW_LOCAL: Literal["local"] = "local"
 DEFAULT_ALLOW: tuple[str, ...] = (
+    ALLOW_LOCAL,
     "127.0.0.0/8",
     "::1/128",
     "10.0.0.0/8",
@@ -34,6 +38,9 @@ DEFAULT_ALLOW: tuple[str, ...] = (
     "192.168.0.0/16",
     "fc00::/7",
 )
+
+
+AllowEntry = ipaddress.IPv4Network | ipaddress.IPv6Network | Literal["local"]
 
 
 class ConfigError(ValueError):
@@ -51,13 +58,22 @@ class HostPort:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    listen: HostPort = field(default_factory=lambda: parse_host_port(DEFAULT_LISTEN, "listen"))
+    # one address, or several (``listen = ["0.0.0.0:10025", "[::]:10025"]``): read it
+    # through ``listen_addresses``. (A single HostPort stays accepted for code that builds
+    # Settings itself.)
+    listen: HostPort | tuple[HostPort, ...] = field(
+        default_factory=lambda: parse_host_port(DEFAULT_LISTEN, "listen")
+    )
     upstream: HostPort | None = None  # None = transparent (SO_ORIGINAL_DST)
     outbound_ip: str | None = None
-    allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
-        default_factory=lambda: tuple(ipaddress.ip_network(n) for n in DEFAULT_ALLOW)
+    # client networks; ``"local"`` (ALLOW_LOCAL) stands for this host's own addresses,
+    # read from its interfaces when the proxy starts (``runtime.localaddrs``)
+    allow: tuple[AllowEntry, ...] = field(
+        default_factory=lambda: _allow(list(DEFAULT_ALLOW), "allow")
     )
-    log: str = DEFAULT_LOG
+    # None: the default place (``logplace``: /var/lib/mailsluice/sessions.db, or a
+    # fallback said on stderr), resolved when the log is opened; else a log URL
+    log: str | None = None
     log_queue_limit: int = 100_000  # records held for the log writer before dropping
     log_process: bool = True  # write the log from a child process (off: a thread)
     max_connections: int = 1000  # sessions per worker; over it: 421 4.3.2
@@ -81,6 +97,11 @@ class Settings:
     filters: tuple[FilterSpec, ...] = ()  # the message filter chain, in order
     filtering: FilteringSettings = field(default_factory=FilteringSettings)
 
+    @property
+    def listen_addresses(self) -> tuple[HostPort, ...]:
+        """Every address to listen on, in the order given."""
+        return self.listen if isinstance(self.listen, tuple) else (self.listen,)
+
 
 def parse_host_port(value: str, key: str) -> HostPort:
     """Parse ``host:port`` or ``[v6]:port``."""
@@ -94,13 +115,37 @@ def parse_host_port(value: str, key: str) -> HostPort:
     return HostPort(host, int(rest))
 
 
+def _listen(raw: object, key: str) -> HostPort | tuple[HostPort, ...]:
+    """``"HOST:PORT"``, or a list of them (each address once, in the order given)."""
+    if isinstance(raw, str):
+        return parse_host_port(raw, key)
+    if not isinstance(raw, list):
+        raise ConfigError(
+            f"{key}: expected a string or a list of strings, got {raw!r} "
+            '(e.g. listen = ["0.0.0.0:10025", "[::]:10025"])'
+        )
+    if not raw:
+        raise ConfigError(f"{key}: the list is empty; give at least one HOST:PORT")
+    return tuple(dict.fromkeys(parse_host_port(_string(item, key), key) for item in raw))
+
+
 def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     try:
         return ipaddress.ip_network(value.strip(), strict=False)
     except ValueError:
         raise ConfigError(
-            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8) "
+            f"or {ALLOW_LOCAL!r} (this host's own addresses)"
         ) from None
+
+
+def _allow(raw: list[object], key: str) -> tuple[AllowEntry, ...]:
+    """An ``allow`` list: networks, and maybe ``local`` (each entry once)."""
+    entries: list[AllowEntry] = []
+    for item in raw:
+        text = _string(item, key).strip()
+        entries.append(ALLOW_LOCAL if text == ALLOW_LOCAL else _network(text, key))
+    return tuple(dict.fromkeys(entries))
 
 
 def _ip(value: str, key: str) -> str:
@@ -184,15 +229,17 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
     for key, raw in data.items():
         match key:
             case "listen":
-                top["listen"] = parse_host_port(_string(raw, key), key)
+                top["listen"] = _listen(raw, key)
             case "upstream":
                 top["upstream"] = parse_host_port(_string(raw, key), key) if raw else None
             case "outbound_ip":
                 top["outbound_ip"] = _ip(_string(raw, key), key) if raw else None
             case "allow":
                 if not isinstance(raw, list):
-                    raise ConfigError("allow: expected a list of networks, e.g. ['10.0.0.0/8']")
-                top["allow"] = tuple(_network(_string(n, key), key) for n in raw)
+                    raise ConfigError(
+                        "allow: expected a list of networks, e.g. ['local', '10.0.0.0/8']"
+                    )
+                top["allow"] = _allow(raw, key)
             case "log":
                 top["log"] = _log_url(_string(raw, key), key)
             case "log_queue_limit":

@@ -120,7 +120,7 @@ async def test_max_connections_exceeded_gets_421(proxy_factory) -> None:
     assert len(mx.sessions) == 2  # no MX connection for the refused client
 
 
-async def test_client_outside_allow_gets_554_and_no_mx_connection(proxy_factory, tmp_path) -> None:
+async def test_client_outside_allow_gets_421_and_no_mx_connection(proxy_factory, tmp_path) -> None:
     """H1."""
     allow = (ipaddress.ip_network("10.0.0.0/8"),)
     async with (
@@ -130,11 +130,11 @@ async def test_client_outside_allow_gets_554_and_no_mx_connection(proxy_factory,
     ):
         result = await outcome(client)
         after = await outcome(client)
-    assert result.startswith("554 5.7.1"), result
+    assert result.startswith("421 4.7.1"), result
     assert after == "closed"
     assert mx.sessions == []
     [session] = sessions(tmp_path)
-    assert session["final_code"] == 554
+    assert session["final_code"] == 421
     texts = [line["text"] for line in transcript_of(tmp_path, session["id"])]
     assert not any(text.startswith("connected to") for text in texts), texts
 

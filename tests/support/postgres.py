@@ -31,6 +31,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,13 @@ def _start_server(bindir: Path, base: Path, run_as: Sequence[str]) -> PgServer:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PgServer]:
     """A private PostgreSQL server for the whole test session (skips when unavailable)."""
+    with private_server() as server:
+        yield server
+
+
+@contextmanager
+def private_server() -> Iterator[PgServer]:
+    """Start a private server (``pytest.skip`` when it cannot run here); stop it after."""
     bindir = find_bindir()
     reason = _skip_reason(bindir)
     if reason is not None:

@@ -98,12 +98,12 @@ def test_direct_connection_to_the_proxy_is_refused_as_a_loop() -> None:
         assert proxy.popen.poll() is None, "the proxy must survive a loop attempt"
 
 
-def test_client_outside_the_allowed_networks_gets_554() -> None:
+def test_client_outside_the_allowed_networks_gets_421() -> None:
     with gateway_lab(ipv6=False) as (topo, lab):
         lab.serve(topo.gw, "--allow", "10.251.1.0/25")
         refused = lab.send(f"{topo.mx_ip}:25", source=topo.stranger_ip)
-        assert refused.code == 554, refused
-        assert (refused.text or "").startswith("5.7.1"), refused
+        assert refused.code == 421, refused
+        assert (refused.text or "").startswith("4.7.1"), refused
         assert lab.mx_connections() == []
         # the same proxy still relays for the allowed address
         allowed = lab.send(f"{topo.mx_ip}:25", source=topo.client_ip)

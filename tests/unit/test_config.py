@@ -41,7 +41,7 @@ def test_defaults_are_the_documented_ones() -> None:
     settings = Settings()
     assert settings.listen == HostPort("127.0.0.1", 10025)
     assert settings.upstream is None
-    assert settings.log == "sqlite:mailsluice.db"
+    assert settings.log is None  # the default place, /var/lib/mailsluice (logplace)
     assert ipaddress.ip_network("127.0.0.0/8") in settings.allow
     assert settings.relay.bare_newline is BareNewlinePolicy.REJECT
     assert settings.relay.tls is TlsMode.OPPORTUNISTIC

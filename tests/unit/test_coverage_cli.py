@@ -51,7 +51,11 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"listen": 10025}, "listen: expected a string, got 10025"),
+        (
+            {"listen": 10025},
+            "listen: expected a string or a list of strings, got 10025 "
+            '(e.g. listen = ["0.0.0.0:10025", "[::]:10025"])',
+        ),
         ({"timeouts": 30}, "timeouts: expected a table, e.g. [timeouts]"),
         ({"log_queue_limit": 0}, "log_queue_limit: must be at least 1, got 0"),
         ({"log_queue_limit": 2.5}, "log_queue_limit: expected a whole number, got 2.5"),

@@ -48,7 +48,8 @@ def test_admit_refusals_carry_enhanced_codes() -> None:
     own = [("127.0.0.1", 10025)]
     denied = access.admit("192.0.2.1", ("192.0.2.7", 25), allow=ALLOW, own=own, hostname="gw")
     assert denied is not None
-    assert (denied.code, denied.enhanced_status) == (554, "5.7.1")
+    # transient: a wrong allow list must defer an MSA's mail, never bounce it
+    assert (denied.code, denied.enhanced_status) == (421, "4.7.1")
     looped = access.admit("10.0.0.5", ("127.0.0.1", 10025), allow=ALLOW, own=own, hostname="gw")
     assert looped is not None
     assert (looped.code, looped.enhanced_status) == (421, "4.4.6")

@@ -60,7 +60,13 @@ def admit(
 
 
 def denied(client_ip: str, hostname: str) -> Reply:
-    return Reply.make(554, "5.7.1", f"{hostname} Error: access denied for {client_ip}")
+    """The refusal for a client outside the allowed networks: ``421 4.7.1``.
+
+    Transient on purpose: nothing is relayed either way (no open relay), but a 5xx would
+    make an MSA that is ours, refused only because ``allow`` is wrong, bounce its mail;
+    with a 4xx it keeps the mail queued and retries once the setting is fixed. A stranger
+    that retries costs a connection and one line, never an upstream dial."""
+    return Reply.make(421, "4.7.1", f"{hostname} Error: access denied for {client_ip}")
 
 
 def loop_refusal(hostname: str) -> Reply:

@@ -16,7 +16,7 @@ import logging
 import os
 import resource
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mailsluice.policy import limits
 
@@ -133,24 +133,73 @@ class Listener:
         self.sock.close()
 
 
-async def listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
-    """Bound, listening, non-blocking sockets for every address ``host`` resolves to."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    socks: list[socket.socket] = []
+def address_text(host: str, port: int) -> str:
+    """``HOST:PORT``, or ``[V6]:PORT``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _fix_for(error: int | None) -> str:
+    """What an operator can do when an address cannot be listened on."""
+    if error == errno.EADDRINUSE:
+        return "is another process using it? choose another with --listen"
+    if error == errno.EADDRNOTAVAIL:
+        return "no interface of this host has that address: use one it has, or 0.0.0.0 / [::]"
+    if error == errno.EAFNOSUPPORT:
+        return "this host has no IPv6 (or no IPv4): leave that address out of listen"
+    if error in (errno.EACCES, errno.EPERM):
+        return "ports below 1024 need root or CAP_NET_BIND_SERVICE: use e.g. 10025"
+    if error is not None and error < 0:  # getaddrinfo
+        return "check the host name, or write an IP address"
+    return "check the listen setting"
+
+
+def _bound(
+    family: int, kind: int, proto: int, address: tuple[str, int], *, reuse_port: bool
+) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
     try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:  # as asyncio: each family its own socket
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            sock.listen(1024)
-            sock.setblocking(False)
-    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:  # as asyncio: each family its own socket
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def listening_sockets(
+    addresses: Sequence[tuple[str, int]], *, reuse_port: bool
+) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for every address each ``(host, port)``
+    resolves to (IPv6 ones V6ONLY, so that ``0.0.0.0`` and ``[::]`` can share a port);
+    an address reached twice gets one socket. Raises OSError naming the address and the
+    fix; then none stays open."""
+    loop = asyncio.get_running_loop()
+    socks: list[socket.socket] = []
+    seen: set[tuple[int, tuple[str, int]]] = set()
+    try:
+        for host, port in addresses:
+            try:
+                infos = await loop.getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+                )
+                for family, kind, proto, _, sockaddr in infos:
+                    address = (str(sockaddr[0]), int(sockaddr[1]))
+                    if (family, address) not in seen:
+                        seen.add((family, address))
+                        socks.append(_bound(family, kind, proto, address, reuse_port=reuse_port))
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"cannot listen on {address_text(host, port)}: "
+                    f"{exc.strerror or exc} ({_fix_for(exc.errno)})",
+                ) from None
+    except BaseException:
         for sock in socks:
             sock.close()
         raise

@@ -26,18 +26,26 @@ import time
 from dataclasses import replace
 from types import TracebackType
 
-from mailsluice.config import Settings
+from mailsluice.config import ALLOW_LOCAL, Settings
 from mailsluice.filtering.chain import FilterChain
+from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import access, limits
 from mailsluice.policy.tls_memory import TlsFailureMemory
+from mailsluice.runtime import startup
 from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
-from mailsluice.runtime.listener import Listener, descriptor_capacity, listening_sockets
+from mailsluice.runtime.listener import (
+    Listener,
+    address_text,
+    descriptor_capacity,
+    listening_sockets,
+)
+from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.upstreampool import UpstreamPool
-from mailsluice.runtime.workers import supervise
+from mailsluice.runtime.workers import hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog.fanout import LogFanout
 from mailsluice.sessionlog.writer import LogWriter, open_log
 from mailsluice.smtp.replies import Reply
@@ -67,6 +75,10 @@ class ProxyContext:
         # us (the REDIRECT rule lacks the owner exclusion): a loop.
         self.outbound: set[tuple[str, int, str, int]] = set()
         self._allowed_clients: dict[str, bool] = {}  # client IP -> in an allowed network
+        local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
+        self.allowed_networks = allowed_networks(settings.allow, lambda: local)
+        if local:
+            log.info("allow: local = %s", ", ".join(map(str, local)))
         self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self.accepting = True
@@ -130,9 +142,16 @@ class ProxyContext:
         if allowed is None:
             if len(self._allowed_clients) > 4096:
                 self._allowed_clients.clear()
-            allowed = access.client_allowed(client_ip, self.settings.allow)
+            allowed = access.client_allowed(client_ip, self.allowed_networks)
             self._allowed_clients[client_ip] = allowed
-        if not allowed:  # a 5xx even when full: a stranger must not retry
+            if not allowed:  # said once per address: it may be an MSA of ours, misrouted
+                log.warning(
+                    "refused %s: not in the allowed networks (421 4.7.1, it will retry); "
+                    "if it is one of your MSAs, add its network to allow (on the host "
+                    'itself, with the OUTPUT REDIRECT: allow = ["local"])',
+                    client_ip,
+                )
+        if not allowed:  # a 4xx: a misconfigured allow list defers mail, never bounces it
             return access.denied(client_ip, host)
         if access.is_loop(destination, own):
             return access.loop_refusal(host)
@@ -180,12 +199,23 @@ class ProxyContext:
 def open_sinks(settings: Settings) -> LogWriter:
     """The session log and every extra sink (``log_sinks``, watching ``plugins``)."""
     limit = settings.log_queue_limit
-    writers = [open_log(settings.log, limit, process=settings.log_process)]
+    writers = [open_log(_log_url(settings), limit, process=settings.log_process)]
     writers += [open_log(url, limit, process=settings.log_process) for url in settings.log_sinks]
     watchers = build_watchers(settings)
     if watchers:
         writers.append(LogWriter(PluginSink(watchers), queue_limit=limit, name="plugins"))
     return writers[0] if len(writers) == 1 else LogFanout(writers)
+
+
+def _log_url(settings: Settings) -> str:
+    """The session log's URL: ``log``, or the default place (the CLI resolves it first and
+    says where; settings built in code get it here, said in the log)."""
+    if settings.log is not None:
+        return settings.log
+    place = default_log(writing=True)
+    if place.notice:
+        log.warning("%s", place.notice)
+    return place.url
 
 
 def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
@@ -244,24 +274,23 @@ class Proxy:
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         self.context.fit_descriptors()  # before the first connection can arrive
-        listen = self.settings.listen
-        try:
-            socks = await listening_sockets(
-                listen.host, listen.port, reuse_port=self.settings.workers > 1
-            )
-        except OSError as exc:
+        listen = [(a.host, a.port) for a in self.settings.listen_addresses]
+        try:  # every address, or none (the error names the address and the fix)
+            socks = await listening_sockets(listen, reuse_port=self.settings.workers > 1)
+        except OSError:
             await self._group.__aexit__(None, None, None)
             self.log_writer.close()
-            raise OSError(
-                exc.errno,
-                f"cannot listen on {listen}: {exc.strerror} (is another process "
-                "using it? choose another with --listen)",
-            ) from None
+            raise
         load = self.context.sessions.__len__
         self._listeners = [Listener(sock, self._adopt, load) for sock in socks]
         self.context.own_addresses = self.addresses
-        log.info("listening on %s (%s)", listen, self._mode())
+        log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
+
+    @property
+    def listening_on(self) -> str:
+        """The addresses listened on, as an operator reads them: ``0.0.0.0:10025, [::]:10025``."""
+        return ", ".join(address_text(host, port) for host, port in self.addresses)
 
     def _mode(self) -> str:
         up = self.settings.upstream
@@ -308,7 +337,9 @@ async def serve(settings: Settings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with Proxy(settings) as proxy:
-        print(f"mailsluice listening on {settings.listen} ({proxy._mode()})", flush=True)
+        # after the log writer's process is started, so that it inherits SIGHUP ignored
+        loop.add_signal_handler(signal.SIGHUP, log_hangup)
+        print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         await stop.wait()
         log.info("shutting down: %d sessions open", len(proxy.context.sessions))
         await proxy.shutdown()
@@ -317,12 +348,22 @@ async def serve(settings: Settings) -> int:
 
 def run(settings: Settings) -> int:
     """Blocking entry point: one process, or ``settings.workers`` forked workers."""
+    with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.workers``)
+        return _run(settings)
+
+
+def _run(settings: Settings) -> int:
+    for warning in startup.check(settings):  # refuses what would fail every session
+        log.warning("%s", warning)
     build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
     build_watchers(settings)
     if settings.workers <= 1:
         return _run_one(settings)
-    open_log(settings.log, settings.log_queue_limit).close()  # create the log before forking
-    print(f"mailsluice: {settings.workers} workers on {settings.listen}", flush=True)
+    log_url = _log_url(settings)
+    settings = replace(settings, log=log_url)  # one place for every worker
+    open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
+    listen = ", ".join(map(str, settings.listen_addresses))
+    print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     return supervise(settings.workers, lambda: _run_one(settings))
 
 

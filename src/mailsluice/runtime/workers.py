@@ -7,6 +7,10 @@ same SQLite file (WAL, one short transaction per batch). The parent only supervi
 forwards SIGTERM/SIGINT, so every worker shuts down gracefully, and it restarts a worker
 that dies unexpectedly (at most once a second).
 
+SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) stops nothing: reloading is
+not supported yet, so the supervisor and every worker ignore it and log that they did
+(``HANGUP_NOTICE``); processes they start meanwhile inherit the ignored signal.
+
 Sessions never move between workers; what a worker remembers (TLS failures, its own
 outbound sources for loop detection) is its own. A self-redirect loop is still caught:
 each hop lands on a random worker and stops as soon as it reaches the one that dialled.
@@ -20,12 +24,37 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 log = logging.getLogger("mailsluice.workers")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+#: held back across fork(): the new worker must not run the supervisor's handlers
+_FORK_BLOCKED = {*_STOP_SIGNALS, signal.SIGHUP}
+HANGUP_NOTICE = (
+    "SIGHUP ignored: reloading the configuration is not supported yet "
+    "(restart mailsluice to apply a change)"
+)
+
+
+@contextmanager
+def hangup_ignored() -> Iterator[None]:
+    """SIGHUP ignored for the duration (the previous disposition restored after).
+
+    A process started meanwhile (the session log's writer) inherits the ignored signal,
+    so a hang-up sent to the whole process group stops none of ours either."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def log_hangup(signum: int = signal.SIGHUP, frame: FrameType | None = None) -> None:
+    """The SIGHUP handler: say that it changes nothing."""
+    log.warning(HANGUP_NOTICE)
 
 
 def _stop_with_parent(supervisor: int) -> None:
@@ -54,12 +83,13 @@ def supervise(count: int, work: Callable[[], int]) -> int:
         last_start[number] = time.monotonic()
         # A stop signal must not reach the new worker while it still has the supervisor's
         # handler (it would run ``forward`` and then serve on): held back across fork().
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED)
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # its event loop logs it later
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_BLOCKED)
             _stop_with_parent(supervisor)
             code = 1
             try:
@@ -68,7 +98,7 @@ def supervise(count: int, work: Callable[[], int]) -> int:
                 sys.stdout.flush()
                 os._exit(code)
         children[pid] = number
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_BLOCKED)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
@@ -80,6 +110,7 @@ def supervise(count: int, work: Callable[[], int]) -> int:
                 pass
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, log_hangup)
     status_code = 0
     try:
         for number in range(count):

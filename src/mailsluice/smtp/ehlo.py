@@ -3,8 +3,11 @@
 The proxy terminates TLS toward the MX and relays only what it understands, so the list
 passed to the client is an allowlist: STARTTLS (we do TLS ourselves), CHUNKING/BDAT and
 BINARYMIME (unframed payloads), REQUIRETLS (we cannot promise it), AUTH, XCLIENT and
-unknown keywords are removed; SIZE is clamped to our own limit. The edit works on the
-parsed lines, never by string replacement, and keeps the reply well formed.
+unknown keywords are removed; SIZE is clamped to our own limit. SIZE is not added when
+the MX does not offer it: MAIL FROM is relayed as written, so the client's ``SIZE=`` would
+reach an MX that never offered the extension (RFC 1870 §5; RFC 5321 allows it a 555).
+The edit works on the parsed lines, never by string replacement, and keeps the reply
+well formed.
 """
 
 from __future__ import annotations

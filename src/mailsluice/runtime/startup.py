@@ -1,0 +1,150 @@
+"""Checks at start: settings that would make every session fail are refused before serving.
+
+Without them a wrong ``outbound_ip`` or an ``upstream`` name that does not resolve starts
+fine, then every session gets ``421 4.4.1``, and the reason is only in the transcripts.
+What can be known at start is refused (``ConfigError``, naming the setting and the fix):
+
+* ``outbound_ip`` that no interface of this host has (a socket cannot be bound to it);
+* ``outbound_ip`` of the other address family than a fixed ``upstream``;
+* an ``upstream`` host name that does not resolve (the resolver says so for certain).
+
+What cannot be known for certain comes back as warnings, to be said once at start: a
+name the resolver cannot look up right now (it may work later), and an ``outbound_ip``
+of one family while clients may arrive over the other (their MX is then of that family
+and cannot be dialled from it).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from mailsluice.config import ConfigError, HostPort, Settings
+from mailsluice.runtime.localaddrs import LocalAddressError, interface_addresses
+
+Resolver = Callable[..., list[tuple[Any, ...]]]
+
+#: getaddrinfo errors that say nothing for certain about the name (try again later)
+_NOT_NOW = frozenset(
+    code
+    for code in (
+        getattr(socket, "EAI_AGAIN", None),
+        getattr(socket, "EAI_SYSTEM", None),
+        getattr(socket, "EAI_MEMORY", None),
+    )
+    if code is not None
+)
+
+
+def check(settings: Settings, resolve: Resolver = socket.getaddrinfo) -> list[str]:
+    """Raise ``ConfigError`` for a setting that would fail every session; return warnings."""
+    warnings: list[str] = []
+    upstream_families: set[int] = set()
+    if settings.upstream is not None:
+        upstream_families, warning = _upstream_families(settings.upstream, resolve)
+        warnings += [warning] if warning else []
+    if settings.outbound_ip is not None:
+        source = ipaddress.ip_address(settings.outbound_ip)
+        family = socket.AF_INET6 if source.version == 6 else socket.AF_INET
+        if settings.upstream is not None and upstream_families == {_other(family)}:
+            raise ConfigError(
+                f"outbound_ip (--outbound-ip): {source} is {_name(family)} but upstream "
+                f"{settings.upstream} is {_name(_other(family))}: no connection to it can "
+                f"start from that address. Use an {_name(_other(family))} address of this "
+                "host, or leave the setting out"
+            )
+        _check_bindable(source, family)
+        if settings.upstream is None:
+            warnings += _family_warnings(settings, source, family)
+    return warnings
+
+
+def _name(family: int) -> str:
+    return "IPv6" if family == socket.AF_INET6 else "IPv4"
+
+
+def _other(family: int) -> int:
+    return socket.AF_INET if family == socket.AF_INET6 else socket.AF_INET6
+
+
+def _upstream_families(upstream: HostPort, resolve: Resolver) -> tuple[set[int], str | None]:
+    """The address families ``upstream`` resolves to (empty if unknown), and a warning."""
+    try:
+        literal = ipaddress.ip_address(upstream.host)
+    except ValueError:
+        pass
+    else:
+        return {socket.AF_INET6 if literal.version == 6 else socket.AF_INET}, None
+    try:
+        infos = resolve(upstream.host, upstream.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in _NOT_NOW:
+            return set(), (
+                f"upstream {upstream}: cannot resolve {upstream.host!r} now ({exc.strerror}); "
+                "starting anyway: sessions get 421 4.4.1 until it resolves"
+            )
+        raise ConfigError(
+            f"upstream (--upstream): {upstream.host!r} does not resolve ({exc.strerror}), so "
+            "every session would get 421 4.4.1. Correct the name, or write an IP address "
+            "(e.g. --upstream 192.0.2.25:25)"
+        ) from None
+    return {int(info[0]) for info in infos}, None
+
+
+def _check_bindable(source: ipaddress.IPv4Address | ipaddress.IPv6Address, family: int) -> None:
+    """Bind a socket to ``source`` as the dialler will: fails when no interface has it."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(source), 0))
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise ConfigError(
+                    f"outbound_ip (--outbound-ip): cannot use {source} as the source "
+                    f"address ({exc.strerror}); leave the setting out, or choose another"
+                ) from None
+            raise ConfigError(
+                f"outbound_ip (--outbound-ip): {source} is not an address of this host (no "
+                "interface has it), so every connection to an MX would fail with 421 4.4.1. "
+                f"Use one of its {_name(family)} addresses ({_own(family)}), add it to an "
+                "interface (ip address add ...), or leave the setting out (the kernel then "
+                "picks the source)"
+            ) from None
+
+
+def _own(family: int) -> str:
+    try:
+        addresses = interface_addresses()
+    except LocalAddressError:
+        return "see ip address"
+    wanted = 6 if family == socket.AF_INET6 else 4
+    mine = [str(a) for a in addresses if a.version == wanted and not a.is_loopback]
+    return ", ".join(mine) or "it has none"
+
+
+def _family_warnings(
+    settings: Settings, source: ipaddress.IPv4Address | ipaddress.IPv6Address, family: int
+) -> list[str]:
+    """In transparent mode the MX is of the client's family: say which clients will fail."""
+    other = [
+        str(address)
+        for address in settings.listen_addresses
+        if _listen_family(address) == _other(family)
+    ]
+    if not other:
+        return []
+    return [
+        f"outbound_ip {source} is {_name(family)}: clients arriving on {', '.join(other)} "
+        f"are redirected connections to {_name(_other(family))} MXes, which cannot be dialled "
+        f"from it; they will get 421 4.4.1 (one outbound_ip serves one address family)"
+    ]
+
+
+def _listen_family(address: HostPort) -> int | None:
+    try:
+        literal = ipaddress.ip_address(address.host)
+    except ValueError:
+        return None  # a name: its families are known only once it is resolved
+    return socket.AF_INET6 if literal.version == 6 else socket.AF_INET

@@ -1,0 +1,111 @@
+"""Signals a real ``mailsluice serve`` gets from the system (issue 12, defect 3).
+
+SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) must not stop the proxy:
+reloading is not supported yet, so every process ignores it and says so once in its log.
+The signal goes to the whole process group (supervisor, workers, log writer processes),
+as a terminal hang-up sends it; the proxy then still relays a message, logs it, and
+stops cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import smtplib
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.support.ledger_mx import LedgerMX
+
+from mailsluice.sessionlog.reader import list_sessions
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_greeting(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"mailsluice serve exited with {proc.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.settimeout(5)
+                if sock.recv(100).startswith(b"220"):
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("mailsluice serve did not start listening")
+
+
+def _start(command: list[str]) -> subprocess.Popen[bytes]:
+    """In a process group of its own, so that the test can signal all of it."""
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _group(pgid: int) -> set[int]:
+    """The processes of a process group (from /proc)."""
+    members = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            members.add(int(stat.parent.name))
+    return members
+
+
+def _send(port: int, n: int) -> None:
+    with smtplib.SMTP("127.0.0.1", port, timeout=10) as smtp:
+        smtp.sendmail(f"s{n}@example.net", [f"r{n}@example.org"], f"Subject: {n}\r\n\r\nbody\r\n")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
+    tmp_path: Path, workers: int
+) -> None:
+    log = tmp_path / "sessions.db"
+    async with LedgerMX() as mx:
+        port = _free_port()
+        command = [sys.executable, "-m", "mailsluice", "serve", "--workers", str(workers),
+                   "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",
+                   "--log", f"sqlite:{log}"]  # fmt: skip
+        proc = _start(command)
+        try:
+            await asyncio.to_thread(_wait_for_greeting, port, proc, 20.0)
+            await asyncio.to_thread(_send, port, 1)
+            # supervisor (with workers), workers, their log writers: all started
+            expected = (1 if workers == 1 else 1 + workers) + workers
+            deadline = time.monotonic() + 20
+            while len(before := _group(proc.pid)) != expected and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(before) == expected, before
+            os.killpg(proc.pid, signal.SIGHUP)  # every process of the group, as a hang-up
+            await asyncio.sleep(1.0)
+            assert proc.poll() is None, f"SIGHUP stopped the proxy (exit {proc.returncode})"
+            assert _group(proc.pid) == before  # none of them stopped
+            await asyncio.to_thread(_send, port, 2)  # still relaying after it
+            await mx.ledger.wait_for(2, timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            output = (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
+        assert proc.returncode == 0, output
+        assert "SIGHUP ignored: reloading the configuration is not supported yet" in output
+    sessions = list_sessions(f"sqlite:{log}", 0)
+    assert sorted(s["mail_from"] for s in sessions if s["messages"] == 1) == [
+        "s1@example.net",
+        "s2@example.net",
+    ]
