@@ -1,9 +1,9 @@
 """Micro benchmark: Python cost of one relayed session in the asyncio shell, without sockets.
 
-Drives ``runtime.connection.Session`` (and its ``Relay``) through a whole SMTP session
+Drives ``runtime.handler.ConnectionHandler`` (and its ``Relay``) through a whole SMTP session
 (greeting, EHLO, MAIL, RCPT, DATA, 1 KiB body, QUIT) with in-memory transports and a
 no-op log, so what it measures is our Python per session: the shell's callbacks, the
-relay, the action dispatch, the timer bookkeeping and the session task. The kernel's
+relay, the action dispatch, the timer bookkeeping and the connection's task. The kernel's
 share (syscalls, TCP on loopback) is not in it; ``mailsluice bench relay`` measures the
 whole. Bounded: --sessions (default 10,000). Prints microseconds per session.
 """
@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import time
 from typing import Any
 
 from relay_core_bench import BODY, CLIENT, SERVER
 
 from mailsluice.config import HostPort, Settings
+from mailsluice.policy.limits import Caps
 from mailsluice.relay import events as ev
-from mailsluice.runtime import connection
-from mailsluice.runtime.server import ProxyContext
-from mailsluice.runtime.sides import Side
+from mailsluice.runtime import handler as connection
+from mailsluice.runtime.admission import Admission
+from mailsluice.runtime.mxleg import MxLeg
+from mailsluice.runtime.services import Services
 from mailsluice.sessionlog.writer import NullWriter
 
 
 class MemoryTransport:
-    """Just enough of ``asyncio.Transport`` for ``Session``."""
+    """Just enough of ``asyncio.Transport`` for ``ConnectionHandler``."""
 
     def __init__(self, protocol: Any = None) -> None:
         self.written = 0
@@ -57,20 +60,19 @@ class MemoryTransport:
         return {"peername": ("127.0.0.1", 40000), "socket": None}.get(name, default)
 
 
-async def fake_connect(self: connection.Session) -> None:
-    """Stands in for ``Session._connect``: an upstream that is there at once."""
-    side = Side(self, client=False)
-    self._server = MemoryTransport(side)  # type: ignore[assignment]
+async def fake_connect(self: MxLeg, still_wanted: Any) -> None:
+    """Stands in for ``MxLeg.connect``: an upstream that is there at once."""
+    self.transport = MemoryTransport(self._protocol())  # type: ignore[assignment]
     self._feed(ev.ServerConnected("127.0.0.1:40001"))
 
 
-async def one_session(ctx: ProxyContext, group: asyncio.TaskGroup) -> connection.Session:
+async def one_session(ctx: Services, group: asyncio.TaskGroup) -> connection.ConnectionHandler:
     client = connection.ClientProtocol(ctx)
     client.connection_made(MemoryTransport())  # type: ignore[arg-type]
-    session = client.session
+    session = client.handler
     group.create_task(session.run())  # as the accept task does
-    await asyncio.sleep(0)  # the session task dials (fake_connect)
-    server = session._server
+    await asyncio.sleep(0)  # the connection's task dials (fake_connect)
+    server = session.mx.transport
     assert server is not None
     upstream = server.get_protocol()
     upstream.data_received(SERVER[0])
@@ -79,19 +81,21 @@ async def one_session(ctx: ProxyContext, group: asyncio.TaskGroup) -> connection
         if line is not BODY:
             upstream.data_received(reply)
     upstream.data_received(SERVER[-1])
-    await asyncio.sleep(0)  # the session task sees the close and ends
+    await asyncio.sleep(0)  # the connection's task sees the close and ends
     return session
 
 
 async def run(sessions: int) -> float:
     settings = Settings(upstream=HostPort("127.0.0.1", 25), log="none")
-    ctx = ProxyContext(settings, NullWriter())  # type: ignore[arg-type]
+    loopback = (ipaddress.ip_network("127.0.0.0/8"),)
+    admission = Admission(hostname="b", allowed=loopback, caps=Caps(10**6, 0), transparent=False)
+    ctx = Services(settings, NullWriter(), admission)  # type: ignore[arg-type]
     async with asyncio.TaskGroup() as group:
         start = time.perf_counter()
         for _ in range(sessions):
             await one_session(ctx, group)
         elapsed = time.perf_counter() - start
-    assert not ctx.sessions, "sessions left open: the benchmark's script is out of step"
+    assert not ctx.connections, "connections left open: the benchmark's script is out of step"
     return elapsed
 
 
@@ -99,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=10_000)
     args = parser.parse_args()
-    connection.Session._connect = fake_connect  # type: ignore[method-assign]
+    MxLeg.connect = fake_connect  # type: ignore[method-assign]
     try:
         import uvloop
 

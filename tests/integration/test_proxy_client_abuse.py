@@ -562,7 +562,7 @@ async def test_client_leaves_while_the_mx_is_busy(
             assert await wait_until(lambda: bool(mx.sessions and mx.sessions[0].fired), 5.0)
             client.conn.reset() if how == "reset" else client.conn.close()
         await mx.wait_sessions_done(1, timeout=3.0)
-        assert await wait_until(lambda: not proxy.context.sessions, 3.0)
+        assert await wait_until(lambda: not proxy.services.connections, 3.0)
     mx.ledger.assert_no_loss([ClientResult(token, None, ambiguous=True)])
     assert len(mx.ledger) == (phase is Phase.DOT)
     if phase is Phase.DOT:

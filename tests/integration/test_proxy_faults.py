@@ -220,7 +220,7 @@ async def _fault_cell(
             await mx.wait_sessions_done(1)
         assert mx.sessions[0].fired == [fault], "the fault never fired: the cell tests nothing"
     assert proxy.log_writer.dropped == 0
-    assert not proxy.context.sessions
+    assert not proxy.services.connections
     deviation = run.deviation
     matches = [(s, p) for s, p in allowed(phase, action) if s == deviation[0]]
     assert any(deviation[1].startswith(p) for _, p in matches), (
@@ -342,7 +342,7 @@ async def test_client_half_close_matrix(proxy_factory, tmp_path, cell: str) -> N
         client.conn.half_close()
         got = [await outcome(client) for _ in owed]
         after = await outcome(client)
-        await wait_until(lambda: not proxy.context.sessions)
+        await wait_until(lambda: not proxy.services.connections)
         if mx.sessions:
             await mx.wait_sessions_done(1)
     assert [g[:3] for g in got] == list(owed), got

@@ -43,7 +43,7 @@ async def test_shutdown_tells_an_idle_client_421(proxy_factory, tmp_path) -> Non
                 result = await outcome(client)
                 after = await outcome(client)
             await stopping
-            assert not proxy.context.sessions
+            assert not proxy.services.connections
         with pytest.raises(OSError):  # no longer listening
             await RawSMTPClient.connect("127.0.0.1", port, timeout=2.0)
     assert result.startswith("421 4.3.2"), result

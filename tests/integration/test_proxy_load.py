@@ -81,12 +81,12 @@ async def test_caps_answer_421_with_their_codes_and_never_dial(proxy_factory, tm
             total, after_b2 = await outcome(b2), await outcome(b2)
         assert (await a1.quit()) is not None
         a1.close()
-        assert await wait_until(lambda: proxy.context.limits.total == 2, timeout=WAIT)
+        assert await wait_until(lambda: proxy.services.admission.limits.total == 2, timeout=WAIT)
         async with await _open(proxy.port, "127.0.0.2") as b3:
             await greet(b3)  # b1 + b3: the per-client cap of 2, the global cap of 3
         for client in (a2, b1):
             client.close()
-        assert await wait_until(lambda: proxy.context.limits.total == 0, timeout=WAIT)
+        assert await wait_until(lambda: proxy.services.admission.limits.total == 0, timeout=WAIT)
     assert per_client == "421 4.7.0 mailsluice Error: too many connections from 127.0.0.1"
     assert total == "421 4.3.2 mailsluice Error: too many connections, try again later"
     assert after_a3 == after_b2 == "closed"

@@ -373,8 +373,8 @@ async def test_both_legs_send_small_writes_at_once(proxy_factory) -> None:
         await connect(proxy) as client,
     ):
         await greet(client)
-        [session] = proxy.context.sessions
-        for leg in (session._client, session._server):
+        [handler] = proxy.services.connections
+        for leg in (handler._client, handler.mx.transport):  # type: ignore[attr-defined]
             assert leg is not None
             sock = leg.get_extra_info("socket")
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

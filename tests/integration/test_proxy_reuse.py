@@ -163,8 +163,8 @@ async def test_an_mx_hanging_up_an_idle_connection_costs_nothing(proxy_factory) 
                 )
                 assert code == 250
                 await asyncio.sleep(0.2)  # the MX has hung up meanwhile
-            assert proxy.context.pool is not None
-            assert len(proxy.context.pool) == 0
+            assert proxy.services.pool is not None
+            assert len(proxy.services.pool) == 0
     finally:
         server.close()
         await server.wait_closed()

@@ -4,7 +4,7 @@
 and wraps it in a transport. ``register`` is called with (source ip, source port,
 destination ip, destination port) the moment ``connect()`` has chosen the source port,
 before the event loop can accept anything: a redirect of our own connection back to us
-is then recognised as a loop, deterministically (``ProxyContext.admit``).
+is then recognised as a loop, deterministically (``admission.Admission.admit``).
 
 No ``loop.sock_connect``, which resolves the address in libuv's thread pool even for IP
 literals (a thread round trip per connection); no ``asyncio.timeout`` scope either (a
@@ -19,8 +19,6 @@ import os
 import socket
 from collections.abc import Callable
 
-#: errors that mean a shortage here, not a problem of the destination
-LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _IP_BIND_ADDRESS_NO_PORT = 24  # <linux/in.h>: let connect() pick the port, not bind()
 
 Register = Callable[[tuple[str, int, str, int]], None]

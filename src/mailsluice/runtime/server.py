@@ -1,7 +1,8 @@
-"""The listener: accepts connections, runs one Session each, shuts down cleanly.
+"""The running proxy: accepts connections, runs a handler for each, shuts down cleanly.
 
-``Proxy`` is the composition root for a running proxy: settings, the log writer, TLS
-state, the listening sockets and the TaskGroup every session task lives in. Shutdown
+``Proxy`` is the composition root: settings, the log writer, the services every
+connection shares (``services.Services``: admission, TLS state, the pool), the listening
+sockets and the TaskGroup every connection's task lives in. Shutdown
 (SIGTERM/SIGINT): stop accepting, let transactions in flight finish within the grace
 period (idle clients get ``421 4.3.2``), then end what is left with a 4xx.
 
@@ -17,9 +18,7 @@ The accept loop and the open-file budget are in ``runtime.listener``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import signal
 import socket
 import time
@@ -31,169 +30,36 @@ from mailsluice.filtering.chain import FilterChain
 from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
-from mailsluice.policy import access, limits
-from mailsluice.policy.tls_memory import TlsFailureMemory
+from mailsluice.policy import limits
 from mailsluice.runtime import startup
-from mailsluice.runtime.connection import ClientProtocol, Session, plain_host
+from mailsluice.runtime.admission import Admission
+from mailsluice.runtime.handler import ClientProtocol
 from mailsluice.runtime.listener import (
     Listener,
     address_text,
-    descriptor_capacity,
     listening_sockets,
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
-from mailsluice.runtime.origdst import original_destination
-from mailsluice.runtime.tls import ChainVerifier, client_context
-from mailsluice.runtime.upstreampool import UpstreamPool
+from mailsluice.runtime.services import Services
 from mailsluice.runtime.workers import hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog.fanout import LogFanout
 from mailsluice.sessionlog.writer import LogWriter, open_log
-from mailsluice.smtp.replies import Reply
 
 log = logging.getLogger("mailsluice.server")
 
 
-class ProxyContext:
-    """What every session shares: settings, log, TLS state, the set of live sessions."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        log_writer: LogWriter,
-        filter_chain: FilterChain | None = None,
-    ) -> None:
-        self.settings = settings
-        self.log_writer = log_writer
-        self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
-        self.tls_context = client_context()
-        self.chain_verifier = ChainVerifier()
-        self._tls_memory = TlsFailureMemory()
-        self.sessions: set[Session] = set()
-        self.own_addresses: list[tuple[str, int]] = []
-        # Our live connections to MXes as (src ip, src port, dst ip, dst port): a client
-        # arriving with exactly that address pair is our own connection redirected back to
-        # us (the REDIRECT rule lacks the owner exclusion): a loop.
-        self.outbound: set[tuple[str, int, str, int]] = set()
-        self._allowed_clients: dict[str, bool] = {}  # client IP -> in an allowed network
-        local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
-        self.allowed_networks = allowed_networks(settings.allow, lambda: local)
-        if local:
-            log.info("allow: local = %s", ", ".join(map(str, local)))
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
-        self.accepting = True
-        self.sessions_total = 0
-        self.limits = limits.ConnectionCounts(
-            limits.Caps(settings.max_connections, settings.max_connections_per_client)
-        )
-        self._slots: dict[Session, str] = {}  # admitted session -> its client key
-        self._unclaimed: str | None = None  # slot taken by ``admit`` for the session being made
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.pool: UpstreamPool | None = None  # idle MX connections (reuse_connections)
-        if settings.reuse_connections:
-            self.pool = UpstreamPool(
-                idle_timeout=settings.reuse_idle_timeout, max_age=settings.reuse_max_age,
-                max_idle=settings.reuse_max_idle, max_sessions=settings.reuse_max_sessions,
-                forget=self.outbound.discard,
-            )  # fmt: skip
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, asked once (each ``get_running_loop`` costs a getpid())."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
-
-    def new_session_id(self) -> str:
-        return f"{self._id_prefix}-{next(self._ids):06d}"
-
-    def route(self, sock: socket.socket | None) -> tuple[str, int]:
-        """The destination the client meant: the fixed upstream, or SO_ORIGINAL_DST."""
-        if self.settings.upstream is not None:
-            return (self.settings.upstream.host, self.settings.upstream.port)
-        if sock is None:
-            raise OSError("no socket to read the original destination from")
-        return original_destination(sock)
-
-    def upstream_for(self, destination: tuple[str, int]) -> tuple[str, int]:
-        return destination
-
-    def routing_failure(self, detail: str) -> Reply:
-        host = self.settings.relay.hostname
-        return Reply.make(421, "4.3.5", f"{host} Error: cannot find the original destination")
-
-    def admit(
-        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
-    ) -> Reply | None:
-        own = list(self.own_addresses)
-        if sock is not None and self.settings.upstream is None:
-            own.append(sock.getsockname()[:2])
-        if sock is not None and self.settings.upstream is None:
-            # transparent mode: ``destination`` is what this client really dialled, so an
-            # exact match with one of our own live connections is that connection, looped
-            peer = _plain(sock.getpeername())
-            if (*peer, *_plain(destination)) in self.outbound:
-                return access.loop_refusal(self.settings.relay.hostname)
-        host = self.settings.relay.hostname
-        if not self.accepting:
-            return Reply.make(421, "4.3.2", f"{host} Service shutting down, try again later")
-        allowed = self._allowed_clients.get(client_ip)
-        if allowed is None:
-            if len(self._allowed_clients) > 4096:
-                self._allowed_clients.clear()
-            allowed = access.client_allowed(client_ip, self.allowed_networks)
-            self._allowed_clients[client_ip] = allowed
-            if not allowed:  # said once per address: it may be an MSA of ours, misrouted
-                log.warning(
-                    "refused %s: not in the allowed networks (421 4.7.1, it will retry); "
-                    "if it is one of your MSAs, add its network to allow (on the host "
-                    'itself, with the OUTPUT REDIRECT: allow = ["local"])',
-                    client_ip,
-                )
-        if not allowed:  # a 4xx: a misconfigured allow list defers mail, never bounces it
-            return access.denied(client_ip, host)
-        if access.is_loop(destination, own):
-            return access.loop_refusal(host)
-        slot = self.limits.acquire(client_ip, host)
-        if isinstance(slot, Reply):
-            return slot
-        # ``Session`` calls ``admit`` while it is being made, then ``start_session``: the
-        # slot is claimed there. One left unclaimed (the session failed to start) is freed.
-        if self._unclaimed is not None:
-            self.limits.release(self._unclaimed)
-        self._unclaimed = slot
-        return None
-
-    def tls_allowed(self, destination: str, now: float) -> bool:
-        if self.settings.relay.tls.value == "off":
-            return False
-        return self._tls_memory.tls_allowed(destination, now)
-
-    def tls_failed(self, destination: str, now: float) -> None:
-        self._tls_memory.record_failure(destination, now)
-
-    def start_session(self, session: Session) -> None:
-        if self._unclaimed is not None:
-            self._slots[session] = self._unclaimed
-            self._unclaimed = None
-        self.sessions.add(session)
-        self.sessions_total += 1
-        session.begin()
-
-    def end_session(self, session: Session) -> None:
-        self.sessions.discard(session)
-        slot = self._slots.pop(session, None)
-        if slot is not None:
-            self.limits.release(slot)
-
-    def fit_descriptors(self) -> None:
-        """Make room for the global cap in RLIMIT_NOFILE, or lower the cap to what fits."""
-        caps = self.limits.caps
-        capacity = descriptor_capacity(caps.total)
-        if capacity < caps.total:
-            assert self.limits.total == 0, "caps change only before the first connection"
-            self.limits = limits.ConnectionCounts(limits.Caps(capacity, caps.per_client))
+def _services(settings: Settings, log_writer: LogWriter, chain: FilterChain | None) -> Services:
+    """The services every connection of this worker shares."""
+    local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
+    if local:
+        log.info("allow: local = %s", ", ".join(map(str, local)))
+    admission = Admission(
+        hostname=settings.relay.hostname,
+        allowed=allowed_networks(settings.allow, lambda: local),
+        caps=limits.Caps(settings.max_connections, settings.max_connections_per_client),
+        transparent=settings.upstream is None,
+    )
+    return Services(settings, log_writer, admission, chain)
 
 
 def open_sinks(settings: Settings) -> LogWriter:
@@ -218,10 +84,6 @@ def _log_url(settings: Settings) -> str:
     return place.url
 
 
-def _plain(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
-    return (plain_host(address[0]), address[1])
-
-
 class Proxy:
     """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends."""
 
@@ -235,7 +97,7 @@ class Proxy:
         self.settings = settings
         self._own_writer = log_writer is None
         self.log_writer = log_writer or open_sinks(settings)
-        self.context = ProxyContext(settings, self.log_writer, chain)
+        self.services = _services(settings, self.log_writer, chain)
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
 
@@ -248,8 +110,8 @@ class Proxy:
         return [listener.sock.getsockname()[:2] for listener in self._listeners]
 
     def _adopt(self, conn: socket.socket) -> None:
-        """Make a session of an accepted connection, in a task of its own: the one that
-        sets up the transport, then lives as long as the session (``Session.run``)."""
+        """Handle an accepted connection in a task of its own: the one that sets up the
+        transport, then lives as long as the connection (``ConnectionHandler.run``)."""
         assert self._group is not None
         setup = self._connect_accepted(conn)
         try:
@@ -260,20 +122,20 @@ class Proxy:
 
     async def _connect_accepted(self, conn: socket.socket) -> None:
         try:  # (the loop makes the socket non-blocking)
-            _, client = await self.context.loop.connect_accepted_socket(
-                lambda: ClientProtocol(self.context), conn
+            _, client = await self.services.loop.connect_accepted_socket(
+                lambda: ClientProtocol(self.services), conn
             )
         except Exception as exc:  # one connection must never end the TaskGroup
             log.warning("cannot set up an accepted connection: %s", exc)
             conn.close()
             return
-        await client.session.run()
+        await client.handler.run()
 
     async def __aenter__(self) -> Proxy:
         self.log_writer.start()
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
-        self.context.fit_descriptors()  # before the first connection can arrive
+        self.services.admission.fit_descriptors()  # before the first connection can arrive
         listen = [(a.host, a.port) for a in self.settings.listen_addresses]
         try:  # every address, or none (the error names the address and the fix)
             socks = await listening_sockets(listen, reuse_port=self.settings.workers > 1)
@@ -281,9 +143,9 @@ class Proxy:
             await self._group.__aexit__(None, None, None)
             self.log_writer.close()
             raise
-        load = self.context.sessions.__len__
+        load = self.services.connections.__len__
         self._listeners = [Listener(sock, self._adopt, load) for sock in socks]
-        self.context.own_addresses = self.addresses
+        self.services.admission.own_addresses = self.addresses
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
 
@@ -299,19 +161,19 @@ class Proxy:
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop accepting; let sessions finish within ``grace`` seconds; end the rest."""
         grace = self.settings.shutdown_grace if grace is None else grace
-        self.context.accepting = False
+        self.services.admission.accepting = False
         for listener in self._listeners:
             listener.close()
-        if self.context.pool is not None:
-            self.context.pool.close()  # idle MX connections get their QUIT now
-        sessions = self.context.sessions
-        for session in list(sessions):
-            session.shutdown(forced=False)
+        if self.services.pool is not None:
+            self.services.pool.close()  # idle MX connections get their QUIT now
+        connections = self.services.connections
+        for connection in list(connections):
+            connection.shutdown(forced=False)
         deadline = time.monotonic() + grace
-        while sessions and time.monotonic() < deadline:
+        while connections and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for session in list(sessions):
-            session.shutdown(forced=True)
+        for connection in list(connections):
+            connection.shutdown(forced=True)
 
     async def __aexit__(
         self,
@@ -319,7 +181,7 @@ class Proxy:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.context.accepting:
+        if self.services.admission.accepting:
             await self.shutdown(grace=0 if exc is not None else None)
         assert self._group is not None
         await self._group.__aexit__(exc_type, exc, tb)
@@ -341,7 +203,7 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(signal.SIGHUP, log_hangup)
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         await stop.wait()
-        log.info("shutting down: %d sessions open", len(proxy.context.sessions))
+        log.info("shutting down: %d connections open", len(proxy.services.connections))
         await proxy.shutdown()
     return 0
 

@@ -1,16 +1,18 @@
-"""One relayed connection: drives a ``Relay`` over two asyncio transports.
+"""One relayed connection: drives a ``Relay`` over the client transport and its MX leg.
 
-The data path is synchronous: ``data_received`` feeds the relay and performs the
+The data path is synchronous: a transport callback feeds the relay and performs the
 actions it returns (writes, closes, log records) in the same callback, with no task
-switch per chunk. The actions that need to wait (dialling the MX, the TLS handshake,
-the filters) are awaited by the session's own task, ``Session.run`` (the task that
-accepted the connection), which lives in the server's TaskGroup for exactly as long as
-the connection. The MX leg (dial, TLS, connection reuse) is ``upstreamleg``; the
-transports' protocol objects are ``sides.Side``.
+switch per chunk. What must wait (dialling the MX, the TLS handshake, the filters,
+sending a filtered message) is a job: the connection's own task, the one that accepted
+it (``ConnectionHandler.run``), does the jobs one at a time in the order the relay asked
+for them (the relay never asks for two waits at once), and ends when the relay closes.
+A job that raises is a bug of ours: ``421 4.3.0`` for this connection, never a crash of
+the server and never a 2xx.
 
 Backpressure: a side whose write buffer is full pauses reading on the other side; a
 client that sends more than the relay will hold is paused until the relay catches up.
-Every wait has a deadline (the relay's ``SetTimer``; the connect timeout here).
+Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
+deadline of an MX that stops reading).
 """
 
 from __future__ import annotations
@@ -18,68 +20,95 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, cast
+from collections import deque
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TypeVar, cast
 
 from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
-from mailsluice.runtime.dialer import plain_host
+from mailsluice.runtime import errors
 from mailsluice.runtime.filterjob import FilterDriver
-from mailsluice.runtime.linger import LINGER_BYTES, LINGER_SECONDS, LingeringClose
+from mailsluice.runtime.linger import LingeringClose
+from mailsluice.runtime.mxleg import MxLeg
+from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import Side, format_address
-from mailsluice.runtime.upstreamleg import Upstream, UpstreamLeg
 
-__all__ = [
-    "LINGER_BYTES",
-    "LINGER_SECONDS",
-    "ClientProtocol",
-    "Session",
-    "format_address",
-    "plain_host",
-]
-
-if TYPE_CHECKING:
-    from mailsluice.runtime.server import ProxyContext
+__all__ = ["ClientProtocol", "ConnectionHandler"]
 
 log = logging.getLogger("mailsluice.connection")
 _In = TypeVar("_In")
-_Actions = list[act.Action]
+Job = Callable[[], Awaitable[None]]
 
 
 class ClientProtocol(Side):
-    """The accepted connection; creates its Session when the connection is made."""
+    """The accepted connection; makes its handler when the connection is made."""
 
-    def __init__(self, context: ProxyContext) -> None:
-        self._context = context
+    def __init__(self, services: ConnectionServices) -> None:
+        self._services = services
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        session = Session(self._context, cast(asyncio.Transport, transport))
-        super().__init__(session, client=True)
-        self._context.start_session(session)
+        handler = ConnectionHandler(self._services, cast(asyncio.Transport, transport))
+        super().__init__(handler, client=True)
+        self._services.started(handler)
+        handler.begin()
 
     @property
-    def session(self) -> Session:
-        """The session (made in ``connection_made``); its task awaits ``session.run()``."""
-        return cast(Session, self._session)
+    def handler(self) -> ConnectionHandler:
+        """The handler (made in ``connection_made``); its task awaits ``handler.run()``."""
+        return cast(ConnectionHandler, self._session)
 
 
-class Session(UpstreamLeg):
-    """Owns one client transport, its upstream transport and its Relay."""
+class _Jobs:
+    """The waits of one connection, done one at a time in the order they were asked."""
+
+    __slots__ = ("_loop", "_queue", "_stopped", "_wake")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: deque[Job] = deque()
+        self._wake: asyncio.Future[None] | None = None
+        self._stopped = False
+
+    def add(self, job: Job) -> None:
+        self._queue.append(job)
+        self._poke()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._poke()
+
+    async def next(self) -> Job | None:
+        """The next job; None once stopped."""
+        while not self._stopped:
+            if self._queue:
+                return self._queue.popleft()
+            self._wake = self._loop.create_future()
+            await self._wake
+        return None
+
+    def _poke(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+
+class ConnectionHandler:
+    """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_ctx", "_data_block", "_deadline", "_filters",
-        "_lingering", "_loop", "_max_backlog", "_min_rate", "_server_blocked", "_timeout",
-        "_timer", "_timer_on_server", "_want_connect", "_want_filter", "_want_send",
-        "_want_tls", "_work", "_write_deadline", "destination", "relay",
+        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_filters",
+        "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate", "_server_blocked",
+        "_services", "_timeout", "_timer", "_timer_on_server", "_write_deadline", "mx",
+        "relay",
     )  # fmt: skip
 
-    def __init__(self, context: ProxyContext, client: asyncio.Transport) -> None:
-        self._ctx = context
-        self._loop = context.loop
+    def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
+        self._services = services
+        self._loop = services.loop
         self._client: asyncio.Transport | None = client
-        self._server: asyncio.Transport | None = None
         self._client_paused = False  # we stopped reading from the client
         self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
         self._server_blocked = False  # the MX is not reading what we write
@@ -87,81 +116,72 @@ class Session(UpstreamLeg):
         self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
         self._timer_on_server = True  # whose silence the timeout measures
         self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
-        self._data_block = context.settings.relay.timeouts.data_block
-        self._min_rate = context.settings.relay.timeouts.client_min_rate
+        timeouts = services.settings.relay.timeouts
+        self._data_block = timeouts.data_block
+        self._min_rate = timeouts.client_min_rate
+        self._max_backlog = services.settings.relay.max_pending_input
         self._lingering: LingeringClose | None = None  # a closed client, drained before close
-        self._max_backlog = context.settings.relay.max_pending_input
         self._timer: asyncio.TimerHandle | None = None
-        self._work: asyncio.Future[None] = self._loop.create_future()
-        self._want_connect = False
-        self._want_tls = False
-        self._want_filter: act.RunFilters | None = None  # filter mode: judge the message
-        self._want_send = False  # filter mode: send the judged message to the MX
+        self._jobs = _Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
-        self._outbound: tuple[str, int, str, int] | None = None  # our (src, dst) toward the MX
-        self._upstream = Upstream()  # the MX connection's history, for reuse
-        self.destination: tuple[str, int] = ("", 0)
+        self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
 
     # ------------------------------------------------------------ set-up
     def _prepare(self, client: asyncio.Transport) -> None:
-        ctx = self._ctx
+        services = self._services
+        settings = services.settings
         peer = client.get_extra_info("peername") or ("?", 0)
         # the socket (a syscall to make) only where it is needed: SO_ORIGINAL_DST
-        sock = client.get_extra_info("socket") if ctx.settings.upstream is None else None
+        sock = client.get_extra_info("socket") if settings.upstream is None else None
         refusal = None
+        destination = ("", 0)
         try:
-            self.destination = ctx.route(sock)
+            destination = services.route(sock)
         except OSError as exc:
             log.warning("cannot route %s: %s", format_address(peer), exc)
-            refusal = ctx.routing_failure(str(exc))
+            refusal = services.routing_failure(str(exc))
         now = time.time()
         if refusal is None:
-            refusal = ctx.admit(peer[0], self.destination, sock)
-        dest = format_address(self.destination)
-        reused = None
-        if ctx.pool is not None and refusal is None:
-            reused = self._take_pooled(ctx.pool, peer[0])
+            refusal = services.admit(peer[0], destination, sock)
+        self.mx = MxLeg(
+            services, destination, feed=self._feed, protocol=partial(Side, self, client=False)
+        )
+        reused = self.mx.take_pooled(peer[0]) if refusal is None else None
+        dest = format_address(destination)
         self.relay = Relay(
-            config=ctx.settings.relay,
-            session_id=ctx.new_session_id(),
+            config=settings.relay,
+            session_id=services.new_session_id(),
             client=format_address(peer),
             destination=dest,
-            source_ip=ctx.settings.outbound_ip,
-            tls_allowed=ctx.tls_allowed(dest, now),
+            source_ip=settings.outbound_ip,
+            tls_allowed=services.tls_allowed(dest, now),
             refusal=refusal,
             reused=reused,
-            may_release=ctx.pool is not None,
+            may_release=services.pool is not None,
             now=now,
         )
 
+    @property
+    def destination(self) -> tuple[str, int]:
+        return self.mx.destination
+
     def begin(self) -> None:
         """Start the relay (in ``connection_made``, before any data can arrive)."""
-        assert self.relay is not None
-        self._perform(self.relay.start())
+        relay = self.relay
+        assert relay is not None
+        self._perform(relay.start())
+        if relay.closed:  # refused: nothing to wait for
+            self._jobs.stop()
 
     async def run(self) -> None:
-        """The session's lifetime: do the relay's waiting work until it closes."""
+        """The connection's lifetime: do the relay's jobs until it closes."""
         relay = self.relay
         assert relay is not None
         try:
-            while self.relay is not None and not relay.closed:
-                if self._want_connect:
-                    self._want_connect = False
-                    await self._connect()
-                elif self._want_tls:
-                    self._want_tls = False
-                    await self._start_tls()
-                elif self._want_filter is not None:
-                    run, self._want_filter = self._want_filter, None
-                    await self._run_filters(run)
-                elif self._want_send:
-                    self._want_send = False
-                    await self._driver().send(self._write_server)
-                else:
-                    await self._work
-                    self._work = self._loop.create_future()
+            while (job := await self._jobs.next()) is not None:
+                await job()
         except Exception as exc:
             log.exception("session %s: internal error", relay.session_id)
             if not relay.closed:
@@ -201,8 +221,8 @@ class Session(UpstreamLeg):
         self, relay: Relay, call: Callable[[_In, float], list[act.Action]], what: _In
     ) -> None:
         """Give the relay one input, perform its actions, then stop or resume reading the
-        client's backlog. A bug of ours becomes 421 4.3.0 for this session, never a crash
-        of the server and never a 2xx."""
+        client's backlog. A bug of ours becomes 421 4.3.0 for this connection, never a
+        crash of the server and never a 2xx."""
         try:
             actions = call(what, time.time())
         except Exception as exc:
@@ -219,6 +239,8 @@ class Session(UpstreamLeg):
                     client.pause_reading()
                 elif not self._server_blocked:
                     client.resume_reading()
+        if relay.closed:
+            self._jobs.stop()
 
     def _internal_failure(self, relay: Relay, exc: Exception) -> None:
         """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
@@ -226,12 +248,12 @@ class Session(UpstreamLeg):
             self._perform(relay.handle(ev.InternalError(f"{type(exc).__name__}: {exc}"), 0.0))
         except Exception:
             log.exception("session %s: cannot even report the error; closing", relay.session_id)
-            for transport in (self._server, self._client):
-                if transport is not None:
-                    transport.abort()
-            self._server = self._client = None
+            self.mx.abort()
+            if self._client is not None:
+                self._client.abort()
+            self._client = None
             self.relay = None
-        self._wake()
+        self._jobs.stop()
 
     def on_eof(self, from_client: bool) -> bool:
         """End of stream from one side. The client's is a half-close, not a loss: it
@@ -244,7 +266,6 @@ class Session(UpstreamLeg):
             return False  # closed by us already (a lingering close): let it go
         self._client_eof = True
         self._feed(ev.ClientEof())
-        self._wake()
         return self._client is not None
 
     def on_closed(self, from_client: bool, reason: str) -> None:
@@ -252,13 +273,12 @@ class Session(UpstreamLeg):
             if self._client is not None:
                 self._client = None
                 self._feed(ev.ClientClosed())
-        elif self._server is not None:
-            self._server = None
+        elif self.mx.transport is not None:
+            self.mx.transport = None
             self._feed(ev.ServerClosed(reason))
-        self._wake()
 
     def on_write_paused(self, to_client: bool, paused: bool) -> None:
-        other = self._server if to_client else self._client
+        other = self.mx.transport if to_client else self._client
         if not to_client:
             self._server_blocked = paused
             if self._filters is not None:
@@ -274,7 +294,6 @@ class Session(UpstreamLeg):
 
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
-        self._wake()
 
     # ------------------------------------------------------------ actions out
     def _perform(self, actions: list[act.Action]) -> None:
@@ -284,10 +303,11 @@ class Session(UpstreamLeg):
                 if self._client is not None:
                     self._client.write(action.data)
             elif isinstance(action, act.SendToServer):
-                if self._server is not None:
-                    self._server.write(action.data)
+                server = self.mx.transport
+                if server is not None:
+                    server.write(action.data)
             elif isinstance(action, act.Log):
-                self._ctx.log_writer.submit(action.record)
+                self._services.log_writer.submit(action.record)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
                 self._arm(action.seconds)
@@ -297,17 +317,13 @@ class Session(UpstreamLeg):
     def _perform_rare(self, action: act.Action) -> None:
         match action:
             case act.ConnectServer():
-                self._want_connect = True
-                self._wake()
+                self._jobs.add(partial(self.mx.connect, self._relay_open))
             case act.StartServerTls():
-                self._want_tls = True
-                if self._server is not None:
-                    self._server.pause_reading()
-                self._wake()
+                if self.mx.transport is not None:
+                    self.mx.transport.pause_reading()
+                self._jobs.add(self.mx.start_tls)
             case act.CloseServer():
-                server, self._server = self._server, None
-                if server is not None:
-                    server.close()
+                self.mx.close()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:
@@ -317,26 +333,24 @@ class Session(UpstreamLeg):
                         client.close()
                 if self._filters is not None:
                     self._filters.cancel()
-                self._wake()
             case act.SpoolData(data):
                 self._driver().spool(data)
             case act.RunFilters():
-                self._want_filter = action
-                self._wake()
+                self._jobs.add(partial(self._run_filters, action))
             case act.SendSpooled():
-                self._want_send = True
-                self._wake()
+                self._jobs.add(self._send_spooled)
             case act.DropSpool():
                 if self._filters is not None:
                     self._filters.drop()
             case act.ReleaseServer(state):
-                server, self._server = self._server, None
-                if server is not None:
-                    self._release(server, state)
+                self.mx.release(state)
             case act.TlsBroken():
-                self._ctx.tls_failed(format_address(self.destination), time.time())
+                self._services.tls_failed(format_address(self.destination), time.time())
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    def _relay_open(self) -> bool:
+        return self.relay is not None and not self.relay.closed
 
     def _linger(self, client: asyncio.Transport) -> None:
         """Close the client without destroying our last replies (``runtime.linger``)."""
@@ -345,10 +359,6 @@ class Session(UpstreamLeg):
 
     def _session_id(self) -> str:
         return self.relay.session_id if self.relay is not None else "?"
-
-    def _wake(self) -> None:
-        if not self._work.done():
-            self._work.set_result(None)
 
     # ------------------------------------------------------------ timer
     def _arm(self, seconds: float) -> None:
@@ -366,8 +376,9 @@ class Session(UpstreamLeg):
     def _timer_fired(self) -> None:
         self._timer = None
         now = self._loop.time()
-        if self._server_blocked and self._server is not None and now >= self._write_deadline:
-            self._feed(ev.ServerClosed("write timeout: the MX stopped reading"))
+        if self._server_blocked and self.mx.transport is not None and now >= self._write_deadline:
+            self.mx.abort()  # it stopped reading: given up, with what it did not take
+            self._feed(errors.write_timed_out())
         elif now >= self._deadline:
             self._feed(ev.TimerExpired())
         else:
@@ -375,8 +386,6 @@ class Session(UpstreamLeg):
             if self._server_blocked:
                 next_at = min(next_at, self._write_deadline)
             self._timer = self._loop.call_at(next_at, self._timer_fired)
-            return
-        self._wake()
 
     # ------------------------------------------------------------ filter mode
     async def _run_filters(self, run: act.RunFilters) -> None:
@@ -390,18 +399,21 @@ class Session(UpstreamLeg):
             client_port=peer[1] if peer else 0,
             destination=format_address(self.destination),
             helo=run.helo,
-            source_ip=self._ctx.settings.outbound_ip,
+            source_ip=self._services.settings.outbound_ip,
         )
         decided = await self._driver().decide(run, client)
         if decided is not None:
             self._feed(decided)
 
+    async def _send_spooled(self) -> None:
+        await self._driver().send(self.mx.write)
+
     def _driver(self) -> FilterDriver:
-        """The session's filter-mode state, made when filter mode first needs it."""
+        """The connection's filter-mode state, made when filter mode first needs it."""
         if self._filters is None:
-            ctx = self._ctx
+            services = self._services
             self._filters = FilterDriver(
-                ctx.settings, ctx.filter_chain, writable=not self._server_blocked
+                services.settings, services.filter_chain, writable=not self._server_blocked
             )
         return self._filters
 
@@ -411,10 +423,9 @@ class Session(UpstreamLeg):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for transport in (self._server, self._client):
-            if transport is not None:
-                transport.close()
-        self._server = self._client = None
-        if self._outbound is not None:
-            self._ctx.outbound.discard(self._outbound)
-        self._ctx.end_session(self)
+        self.mx.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self.mx.forget()
+        self._services.ended(self)

@@ -1,0 +1,44 @@
+"""The one place where OS, socket and TLS errors become the relay's events.
+
+The relay knows nothing of exceptions: the shell catches what an operation on the MX
+connection raises and hands the relay the fact (httpcore's ``map_exceptions`` pattern).
+
+* Dialling: a shortage of our own (descriptors, buffers, memory) is our fault, so
+  ``InternalError`` (``421 4.3.0``), not "destination unreachable"; a timeout or any
+  other socket error is ``ServerConnectFailed`` (``421 4.4.1``).
+* The TLS handshake: any failure is ``TlsFailed`` (``421 4.7.5``; the destination is
+  remembered as one whose TLS is broken).
+* A write the MX does not take within its deadline is ``ServerClosed``.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from mailsluice.relay import events as ev
+
+__all__ = ["DIAL_ERRORS", "LOCAL_SHORTAGE", "TLS_ERRORS", "dial_failed", "tls_failed"]
+
+#: errors that mean a shortage here, not a problem of the destination
+LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+#: what dialling may raise (ssl.SSLError is an OSError)
+DIAL_ERRORS = (OSError, TimeoutError)
+#: what the TLS handshake may raise
+TLS_ERRORS = (OSError, TimeoutError, ConnectionError)
+
+
+def dial_failed(exc: OSError | TimeoutError) -> ev.Event:
+    if isinstance(exc, OSError) and exc.errno in LOCAL_SHORTAGE:
+        return ev.InternalError(f"cannot open a connection to the MX: {exc}")
+    if isinstance(exc, TimeoutError):
+        return ev.ServerConnectFailed("connect timeout")
+    return ev.ServerConnectFailed(str(exc) or type(exc).__name__)
+
+
+def tls_failed(exc: BaseException) -> ev.TlsFailed:
+    return ev.TlsFailed(str(exc) or type(exc).__name__)
+
+
+def write_timed_out() -> ev.ServerClosed:
+    return ev.ServerClosed("write timeout: the MX stopped reading")

@@ -1,0 +1,173 @@
+"""A connection's MX leg: dialling it, upgrading it to TLS, reusing it, writing to it.
+
+``MxLeg`` owns the transport toward the MX and what is known of it; the connection
+handler owns it in turn and hears from it through ``feed`` (a relay event) and the
+transport's protocol (``sides.Side``, made by ``protocol``):
+
+* ``connect`` dials (``dialer.dial``: bound to the outbound address, within the connect
+  timeout) and registers the address pair the moment ``connect()`` has chosen the
+  source port, before this loop can accept anything: a redirect of our own connection
+  back to us is then refused as a loop, deterministically (``admission``);
+* ``start_tls`` runs the STARTTLS handshake the relay asked for and reports the
+  protocol, the cipher and whether the chain verified;
+* with connection reuse, ``take_pooled`` makes an idle connection of the pool its own
+  before the relay starts, and ``release`` gives it back when the relay says
+  ``ReleaseServer`` (``upstreampool``).
+
+Every exception of the OS or of TLS becomes an event in ``errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from mailsluice.relay import actions as act
+from mailsluice.relay import events as ev
+from mailsluice.runtime import errors
+from mailsluice.runtime.admission import Outbound
+from mailsluice.runtime.dialer import dial
+from mailsluice.runtime.services import ConnectionServices
+from mailsluice.runtime.sides import format_address
+from mailsluice.runtime.upstreampool import Pooled, PoolKey
+
+__all__ = ["MxLeg"]
+
+
+class MxLeg:
+    """The MX side of one connection."""
+
+    __slots__ = ("_feed", "_key", "_opened_at", "_outbound", "_protocol", "_services",
+                 "_sessions", "_source", "destination", "transport")  # fmt: skip
+
+    def __init__(
+        self,
+        services: ConnectionServices,
+        destination: tuple[str, int],
+        *,
+        feed: Callable[[ev.Event], None],
+        protocol: Callable[[], asyncio.Protocol],
+    ) -> None:
+        self._services = services
+        self.destination = destination
+        self._feed = feed  # hands the relay an event
+        self._protocol = protocol  # the transport's protocol (callbacks to the handler)
+        self.transport: asyncio.Transport | None = None
+        self._outbound: Outbound | None = None  # our (src, dst) pair, registered
+        self._key: PoolKey | None = None  # the pool's key for this connection (reuse on)
+        self._source = "?"  # our end, "ip:port"
+        self._opened_at = 0.0  # loop time of the dial
+        self._sessions = 0  # client sessions before this one on the connection
+
+    # ------------------------------------------------------------ dial and TLS
+    async def connect(self, still_wanted: Callable[[], bool]) -> None:
+        """Dial the MX and feed the outcome (a connection no longer wanted is closed)."""
+        services = self._services
+        settings = services.settings
+        host, port = self.destination
+        try:
+            transport = await dial(
+                host,
+                port,
+                source_ip=settings.outbound_ip,
+                timeout=settings.relay.timeouts.connect,
+                protocol_factory=self._protocol,
+                register=self._register,
+            )
+        except errors.DIAL_ERRORS as exc:
+            self._feed(errors.dial_failed(exc))
+            return
+        if not still_wanted():
+            transport.close()
+            return
+        self.transport = transport
+        self._source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
+        self._opened_at, self._sessions = services.loop.time(), 0
+        self._feed(ev.ServerConnected(self._source))
+
+    def _register(self, pair: Outbound) -> None:
+        self._outbound = pair
+        self._services.dialled(pair)
+
+    async def start_tls(self) -> None:
+        server = self.transport
+        if server is None:
+            return
+        services = self._services
+        try:
+            async with asyncio.timeout(services.settings.relay.timeouts.helo):
+                tls = await services.loop.start_tls(
+                    server, server.get_protocol(), services.tls_context, server_side=False
+                )
+        except errors.TLS_ERRORS as exc:
+            self.transport = None
+            server.abort()
+            self._feed(errors.tls_failed(exc))
+            return
+        if tls is None or self.transport is None:
+            return
+        self.transport = tls
+        ssl_object = tls.get_extra_info("ssl_object")
+        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
+        version = ssl_object.version() if ssl_object is not None else "?"
+        verified = services.chain_verifier.verify(ssl_object)
+        self._feed(ev.TlsStarted(version or "?", cipher[0], verified))
+
+    # ------------------------------------------------------------ writes and close
+    def write(self, data: bytes) -> bool:
+        server = self.transport
+        if server is None or server.is_closing():
+            return False
+        server.write(data)
+        return True
+
+    def close(self) -> None:
+        server, self.transport = self.transport, None
+        if server is not None:
+            server.close()
+
+    def abort(self) -> None:
+        server, self.transport = self.transport, None
+        if server is not None:
+            server.abort()
+
+    def forget(self) -> None:
+        """The connection is over: its address pair is no longer ours."""
+        if self._outbound is not None:
+            self._services.hung_up(self._outbound)
+            self._outbound = None
+
+    # ------------------------------------------------------------ reuse
+    def take_pooled(self, client_ip: str) -> act.ReusedUpstream | None:
+        """An idle MX connection this client left for this destination, made ours."""
+        pool = self._services.pool
+        if pool is None:
+            return None
+        host, port = self.destination
+        key = self._key = (client_ip, host, port, self._services.settings.outbound_ip)
+        entry = pool.take(key)
+        if entry is None:
+            return None
+        entry.transport.set_protocol(self._protocol())
+        self.transport = entry.transport
+        self._outbound, entry.outbound = entry.outbound, None
+        self._source, self._opened_at, self._sessions = (
+            entry.source, entry.opened_at, entry.sessions
+        )  # fmt: skip
+        return act.ReusedUpstream(entry.state, entry.source, entry.sessions)
+
+    def release(self, state: act.UpstreamState) -> None:
+        """Leave the idle MX connection in the pool (the relay said ``ReleaseServer``)."""
+        server, self.transport = self.transport, None
+        if server is None:
+            return
+        pool, key = self._services.pool, self._key
+        if pool is None or key is None:  # pragma: no cover - the relay only releases then
+            server.close()
+            return
+        entry = Pooled(
+            transport=server, state=state, source=self._source, outbound=self._outbound,
+            opened_at=self._opened_at, sessions=self._sessions + 1,
+        )  # fmt: skip
+        self._outbound = None  # the pool owns it now (and forgets it when it drops it)
+        pool.put(key, entry, self._services.loop)

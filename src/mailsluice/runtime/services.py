@@ -1,0 +1,179 @@
+"""What a connection needs from the running proxy: one small interface, and its maker.
+
+``ConnectionServices`` is everything ``handler.ConnectionHandler`` and ``mxleg.MxLeg``
+use: where a connection goes (``route``), whether it may (``admit``), the TLS state
+toward MXes, the session log, the pool of idle MX connections, the filter chain, and
+the registry of live connections. The handler imports this interface only, never the
+server that builds it, so the runtime has no import cycle; tests can hand a handler a
+services object of their own.
+
+``Services`` is the proxy's: it composes ``admission.Admission``, the TLS memory, the
+log writer and the pool, each kept to its own job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from mailsluice.config import Settings
+from mailsluice.filtering.chain import FilterChain
+from mailsluice.policy.tls_memory import TlsFailureMemory
+from mailsluice.runtime.admission import Admission, Outbound
+from mailsluice.runtime.origdst import original_destination
+from mailsluice.runtime.tls import ChainVerifier, client_context
+from mailsluice.runtime.upstreampool import UpstreamPool
+from mailsluice.sessionlog.writer import LogWriter
+from mailsluice.smtp.replies import Reply
+
+if TYPE_CHECKING:
+    import ssl
+
+__all__ = ["ConnectionServices", "Registered", "Services"]
+
+
+class Registered(Protocol):
+    """A live connection as the registry sees it."""
+
+    def shutdown(self, forced: bool) -> None: ...
+
+
+class ConnectionServices(Protocol):
+    """The services one connection uses (see the module docstring)."""
+
+    settings: Settings
+    log_writer: LogWriter
+    filter_chain: FilterChain | None
+    pool: UpstreamPool | None
+    tls_context: ssl.SSLContext
+    chain_verifier: ChainVerifier
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def new_session_id(self) -> str: ...
+
+    def route(self, sock: socket.socket | None) -> tuple[str, int]: ...
+
+    def routing_failure(self, detail: str) -> Reply: ...
+
+    def admit(
+        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+    ) -> Reply | None: ...
+
+    def tls_allowed(self, destination: str, now: float) -> bool: ...
+
+    def tls_failed(self, destination: str, now: float) -> None: ...
+
+    def dialled(self, pair: Outbound) -> None: ...
+
+    def hung_up(self, pair: Outbound) -> None: ...
+
+    def started(self, connection: Registered) -> None: ...
+
+    def ended(self, connection: Registered) -> None: ...
+
+
+class Services:
+    """The proxy's services for its connections (one per worker)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_writer: LogWriter,
+        admission: Admission,
+        filter_chain: FilterChain | None = None,
+    ) -> None:
+        self.settings = settings
+        self.log_writer = log_writer
+        self.admission = admission
+        self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
+        self.tls_context = client_context()
+        self.chain_verifier = ChainVerifier()
+        self._tls_memory = TlsFailureMemory()
+        self.connections: set[Registered] = set()
+        self.connections_total = 0
+        self._slots: dict[Registered, str] = {}  # admitted connection -> its client key
+        self._unclaimed: str | None = None  # slot taken by ``admit`` for the one being made
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pool: UpstreamPool | None = None  # idle MX connections (reuse_connections)
+        if settings.reuse_connections:
+            self.pool = UpstreamPool(
+                idle_timeout=settings.reuse_idle_timeout, max_age=settings.reuse_max_age,
+                max_idle=settings.reuse_max_idle, max_sessions=settings.reuse_max_sessions,
+                forget=admission.outbound.discard,
+            )  # fmt: skip
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, asked once (each ``get_running_loop`` costs a getpid())."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def new_session_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids):06d}"
+
+    # ----------------------------------------------------------------- routing
+    def route(self, sock: socket.socket | None) -> tuple[str, int]:
+        """The destination the client meant: the fixed upstream, or SO_ORIGINAL_DST."""
+        upstream = self.settings.upstream
+        if upstream is not None:
+            return (upstream.host, upstream.port)
+        if sock is None:
+            raise OSError("no socket to read the original destination from")
+        return original_destination(sock)
+
+    def routing_failure(self, detail: str) -> Reply:
+        host = self.settings.relay.hostname
+        return Reply.make(421, "4.3.5", f"{host} Error: cannot find the original destination")
+
+    # ----------------------------------------------------------------- admission
+    def admit(
+        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+    ) -> Reply | None:
+        """A refusal, or None: admitted (the slot is claimed by ``started``; one left
+        unclaimed, because the connection failed to start, is freed at the next)."""
+        verdict = self.admission.admit(client_ip, destination, sock)
+        if isinstance(verdict, Reply):
+            return verdict
+        if self._unclaimed is not None:
+            self.admission.release(self._unclaimed)
+        self._unclaimed = verdict
+        return None
+
+    def dialled(self, pair: Outbound) -> None:
+        self.admission.outbound.add(pair)
+
+    def hung_up(self, pair: Outbound) -> None:
+        self.admission.outbound.discard(pair)
+
+    # ----------------------------------------------------------------- TLS toward MXes
+    def tls_allowed(self, destination: str, now: float) -> bool:
+        if self.settings.relay.tls.value == "off":
+            return False
+        return self._tls_memory.tls_allowed(destination, now)
+
+    def tls_failed(self, destination: str, now: float) -> None:
+        self._tls_memory.record_failure(destination, now)
+
+    # ----------------------------------------------------------------- live connections
+    def started(self, connection: Registered) -> None:
+        if self._unclaimed is not None:
+            self._slots[connection] = self._unclaimed
+            self._unclaimed = None
+        self.connections.add(connection)
+        self.connections_total += 1
+
+    def ended(self, connection: Registered) -> None:
+        self.connections.discard(connection)
+        slot = self._slots.pop(connection, None)
+        if slot is not None:
+            self.admission.release(slot)

@@ -1,0 +1,27 @@
+"""Shared helpers of the runtime tests."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mailsluice.config import HostPort, Settings
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def runtime_settings(upstream: tuple[str, int] | None, tmp_path: Path, **top: Any) -> Settings:
+    settings = Settings(
+        listen=HostPort(LOOPBACK, 0),
+        upstream=HostPort(*upstream) if upstream else None,
+        log=f"sqlite:{tmp_path / 'sessions.db'}",
+    )
+    return replace(settings, **top)
