@@ -14,7 +14,7 @@ With ``MAILSLUICE_INTEROP_REPORT=FILE`` the system tests append their rows to FI
 lines) before asserting, so a run against a faulty proxy still yields its figures:
 
     MAILSLUICE_INTEROP_REPORT=/tmp/interop.jsonl pytest tests/system/test_interop_mtas.py
-    python -m tests.support.interop /tmp/interop.jsonl
+    python -m tests.support.interop /tmp/interop.jsonl  # --long: one line per cell
 """
 
 from __future__ import annotations
@@ -345,34 +345,54 @@ def summary(verdicts: Sequence[Verdict]) -> str:
     return "\n".join(lines) if lines else "no problems"
 
 
+ORDER = (*MX_OPTION.values(), SINGLE, REUSE, *KIND_OPTION.values(), "all")
+
+
+def _order(option: object) -> int:
+    return ORDER.index(str(option)) if option in ORDER else len(ORDER)
+
+
 def render(records: Sequence[Mapping[str, object]]) -> str:
-    """The matrix in Markdown: MTA x option -> delivered / duplicates / deferrals."""
-    order = [*MX_OPTION.values(), SINGLE, REUSE, *KIND_OPTION.values(), "all"]
+    """The matrix in Markdown, one line per MTA and option: delivered, duplicates, deferrals."""
     head = "| MTA | option | delivered | duplicates | deferrals |\n|---|---|---|---|---|\n"
-    body = []
-    for record in sorted(
-        records,
-        key=lambda r: (
-            str(r["mta"]),
-            order.index(str(r["option"])) if r["option"] in order else 99,
-        ),
-    ):
-        body.append(
-            f"| {record['mta']} | {record['option']} | {record['delivered']}/{record['recipients']}"
-            f" | {record['duplicates']} | {record['deferrals']} |"
-        )
+    body = [
+        f"| {r['mta']} | {r['option']} | {r['delivered']}/{r['recipients']}"
+        f" | {r['duplicates']} | {r['deferrals']} |"
+        for r in sorted(records, key=lambda r: (str(r["mta"]), _order(r["option"])))
+    ]
+    return head + "\n".join(body) + "\n"
+
+
+def render_pivot(records: Sequence[Mapping[str, object]]) -> str:
+    """The matrix in Markdown, one line per MTA, one column per option.
+
+    Each cell: recipients delivered / expected · duplicates · deferrals. An option an MTA
+    cannot do (connection reuse for one-message clients) is "n/a".
+    """
+    options = sorted({str(r["option"]) for r in records}, key=_order)
+    cells: dict[str, dict[str, str]] = {}
+    for r in records:
+        cell = f"{r['delivered']}/{r['recipients']} · {r['duplicates']} · {r['deferrals']}"
+        cells.setdefault(str(r["mta"]), {})[str(r["option"])] = cell
+    head = "| MTA | " + " | ".join(options) + " |\n|---" + "|---" * len(options) + "|\n"
+    body = [
+        f"| {mta} | " + " | ".join(row.get(option, "n/a") for option in options) + " |"
+        for mta, row in sorted(cells.items())
+    ]
     return head + "\n".join(body) + "\n"
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m tests.support.interop FILE...``: print the matrix of report files."""
-    if not argv:
-        print("usage: python -m tests.support.interop REPORT.jsonl ...", file=sys.stderr)
+    """``python -m tests.support.interop [--long] FILE...``: the matrix of report files."""
+    long = "--long" in argv
+    files = [arg for arg in argv if arg != "--long"]
+    if not files:
+        print("usage: python -m tests.support.interop [--long] REPORT.jsonl ...", file=sys.stderr)
         return 2
     records: list[Mapping[str, object]] = []
-    for name in argv:
+    for name in files:
         records += [json.loads(line) for line in Path(name).read_text().splitlines() if line]
-    print(render(records), end="")
+    print((render if long else render_pivot)(records), end="")
     return 0
 
 

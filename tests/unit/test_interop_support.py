@@ -130,8 +130,14 @@ def test_rows_fold_each_probe_into_its_options_and_all() -> None:
     assert by_option[SINGLE].duplicates == 1
     assert by_option[REUSE].delivered == 0
     assert by_option["MX without PIPELINING"].recipients == 3
-    table = interop.render([row.__dict__ for row in rows("MTA", verdicts)])
-    assert "| MTA | all | 1/4 | 1 | 1 |" in table
+    records = [row.__dict__ for row in rows("MTA", verdicts)]
+    assert "| MTA | all | 1/4 | 1 | 1 |" in interop.render(records)
+    pivot = interop.render_pivot([*records, {**records[-1], "mta": "Other", "option": "all"}])
+    head, _, mta, other = pivot.splitlines()
+    assert head.startswith("| MTA | MX offers PIPELINING + CHUNKING | MX without PIPELINING |")
+    assert head.endswith("| all |")
+    assert mta.endswith("| 1/4 · 1 · 1 |")
+    assert other.startswith("| Other | n/a |")
 
 
 def test_exim_log_lines_are_parsed() -> None:
