@@ -16,8 +16,7 @@ It is usable with ``with`` too (``start``/``stop`` are synchronous; the ``async 
 runs them in a thread so an MX on the caller's event loop keeps answering). ``stop`` is
 idempotent and safe to call from a fixture finaliser as a safety net. Several instances can
 run at once (each picks its own 127.0.0.x address and port, and has its own ``syslog_name``).
-``settings`` override any main.cf key (e.g. ``qmgr_message_active_limit``); ``reconfigure``
-changes keys of a running instance (``postconf -e`` and ``postfix reload``). ``command_prefix``
+``settings`` override any main.cf key (e.g. ``qmgr_message_active_limit``). ``command_prefix``
 (e.g. ``["ip", "netns", "exec", "tenant1"]``) runs the instance inside a network namespace;
 give ``host``/``port`` explicitly then (and keep ``lo`` up there, or override
 ``inet_interfaces``). ``smtpd_listeners`` replaces the one smtpd on ``host:port`` by any
@@ -417,18 +416,6 @@ class PostfixMSA:
         if done.returncode != 0:
             raise PostfixError(f"postqueue -c {self.config_dir} -j failed: {done.stderr.strip()}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-
-    def reconfigure(self, settings: Mapping[str, str]) -> None:
-        """Change main.cf keys (``postconf -e``) and ``postfix reload``."""
-        edits = [f"{key}={value}" for key, value in settings.items()]
-        for program, args in (("postconf", ("-e", *edits)), ("postfix", ("reload",))):
-            done = self._run(program, *args, timeout=30)
-            if done.returncode != 0:
-                raise PostfixError(
-                    f"{program} -c {self.config_dir} {' '.join(args)} failed: "
-                    f"{(done.stderr + done.stdout).strip()[-800:]}"
-                )
-        self.settings.update(settings)
 
     def sendmail(self, sender: str, recipients: Sequence[str], content: bytes) -> None:
         """Submit one message locally, as a web application would (``sendmail -i -f``).

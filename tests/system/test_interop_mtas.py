@@ -297,6 +297,17 @@ def postfix_confirmations(msa: PostfixMSA) -> tuple[list[Confirmation], list[str
     return confirmations, queued, held
 
 
+@dataclass(frozen=True)
+class Phase:
+    """What one Postfix MSA's log and the MX say about the messages it was given."""
+
+    confirmations: list[Confirmation]
+    queued: list[str]
+    frozen: list[str]
+    connections: int  # accepted by the MX meanwhile
+    log: str
+
+
 def wait_postfix_queue_empty(msa: PostfixMSA, timeout: float = 60.0) -> None:
     """Poll ``postqueue -j`` until empty (deferred mail is retried within seconds)."""
     deadline = time.monotonic() + timeout
@@ -307,65 +318,83 @@ def wait_postfix_queue_empty(msa: PostfixMSA, timeout: float = 60.0) -> None:
 @pytest.mark.parametrize(
     "lab", ["default", pytest.param("proxy-reuse", marks=pytest.mark.slow)], indirect=True
 )
+def postfix_tenant(tenant: Tenant, name: str, *, cache: bool) -> PostfixMSA:
+    """A Postfix MSA in ``tenant`` routing each MX domain to its address (STARTTLS if offered).
+
+    ``cache``: keep connections to every MX for the next message (one delivery at a time
+    per MX); else no connection cache at all, a connection per message.
+    """
+    transports = ", ".join(f"{domain}=smtp:[{ip}]:25" for domain, (ip, _) in MX_LISTENERS.items())
+    settings = {
+        "transport_maps": f"inline:{{ {transports} }}",
+        "smtp_tls_security_level": "may",
+        "smtp_connection_cache_on_demand": "no",
+    }
+    if cache:
+        # matched against the next hop's host part: "[10.0.0.2]:25" -> 10.0.0.2
+        settings["smtp_connection_cache_destinations"] = " ".join(
+            ip for ip, _ in MX_LISTENERS.values()
+        )
+        settings["smtp_destination_concurrency_limit"] = "1"
+    return PostfixMSA(
+        relayhost=None,
+        name=name,
+        host=tenant.ip,
+        port=25,
+        command_prefix=tenant.ns.cmd(),
+        smtpd_listeners={},
+        settings=settings,
+    )
+
+
+def postfix_phase(lab: InteropLab, msa: PostfixMSA, sent: Sequence[Probe]) -> Phase:
+    """Submit ``sent`` with sendmail, wait until delivered; confirmations and MX connections."""
+    connections_before = lab.mx.connections()
+    for probe in sent:
+        msa.sendmail(probe.sender, probe.recipients, probe.content)
+    wait_postfix_queue_empty(msa)
+    lab.wait_mx_idle(sent)
+    confirmations, queued, held = postfix_confirmations(msa)
+    return Phase(
+        confirmations=confirmations,
+        queued=queued,
+        frozen=held,
+        connections=lab.mx.connections() - connections_before,
+        log=msa.log_tail(6000),
+    )
+
+
+@pytest.mark.parametrize(
+    "lab", ["default", pytest.param("proxy-reuse", marks=pytest.mark.slow)], indirect=True
+)
 def test_postfix_through_mailsluice_delivers_each_message_once(lab: InteropLab) -> None:
+    tag = "postfix-reuse" if lab.proxy_reuse else "postfix"
+    single = interop.probes(f"{tag}-single", SINGLE)
+    reuse = interop.probes(f"{tag}-cache", REUSE)
     with lab.tenant("postfix") as tenant:
-        transports = ", ".join(
-            f"{domain}=smtp:[{ip}]:25" for domain, (ip, _) in MX_LISTENERS.items()
-        )
-        msa = PostfixMSA(
-            relayhost=None,
-            name="interop-postfix",
-            host=tenant.ip,
-            port=25,
-            command_prefix=tenant.ns.cmd(),
-            smtpd_listeners={},
-            settings={
-                "transport_maps": f"inline:{{ {transports} }}",
-                "smtp_tls_security_level": "may",
-                "smtp_connection_cache_on_demand": "no",
-            },
-        )
-        with msa:
-            tag = "postfix-reuse" if lab.proxy_reuse else "postfix"
-            connections_before = lab.mx.connections()
-            single = interop.probes(f"{tag}-single", SINGLE)
-            for probe in single:  # no connection cache: a connection per message
-                msa.sendmail(probe.sender, probe.recipients, probe.content)
-            wait_postfix_queue_empty(msa)
-            lab.wait_mx_idle(single)
-            connections_single = lab.mx.connections() - connections_before
-            # the connection cache for every MX, one connection at a time per MX
-            nexthops = " ".join(f"[{ip}]:25" for ip, _ in MX_LISTENERS.values())
-            msa.reconfigure(
-                {
-                    "smtp_connection_cache_on_demand": "yes",
-                    "smtp_connection_cache_destinations": nexthops,
-                    "smtp_destination_concurrency_limit": "1",
-                }
-            )
-            reuse = interop.probes(f"{tag}-cache", REUSE)
-            for probe in reuse:
-                msa.sendmail(probe.sender, probe.recipients, probe.content)
-            wait_postfix_queue_empty(msa)
-            lab.wait_mx_idle(single + reuse)
-            connections_reuse = lab.mx.connections() - connections_before - connections_single
-            confirmations, queued, held = postfix_confirmations(msa)
-            verdicts = lab.judge(single + reuse, confirmations, still_queued=queued, frozen=held)
-            finish(f"Postfix {postfix_version()}", verdicts, lab, msa.log_tail(6000))
-            # Postfix's side: no reuse at first; then it decides itself which delivery takes
-            # a cached connection, but some to every MX do. (Not to the MX without
-            # PIPELINING when mailsluice reuses its own MX connections: Postfix then QUITs
-            # after each message, for a reason not found yet; nothing is lost or doubled.)
-            log = msa.log_tail(6000)
-            reused = {c.token for c in confirmations if c.reused}
-            assert not reused & {p.token for p in single}, log
-            for domain, (_, hidden) in MX_LISTENERS.items():
-                if not (lab.proxy_reuse and "pipelining" in hidden):
-                    assert {p.token for p in reuse if p.domain == domain} & reused, (domain, log)
-            # the MX's side (mailsluice may carry sessions on a connection it kept)
-            assert connections_reuse < len(reuse), log
-            if not lab.proxy_reuse:
-                assert connections_single == len(single), log
+        with postfix_tenant(tenant, "interop-postfix", cache=False) as msa:
+            first = postfix_phase(lab, msa, single)
+        with postfix_tenant(tenant, "interop-postfix-cache", cache=True) as msa:
+            second = postfix_phase(lab, msa, reuse)
+    verdicts = lab.judge(
+        single + reuse,
+        first.confirmations + second.confirmations,
+        still_queued=first.queued + second.queued,
+        frozen=first.frozen + second.frozen,
+    )
+    finish(f"Postfix {postfix_version()}", verdicts, lab, first.log + second.log)
+    # Postfix's side: no reuse without the cache; with it, one connection per MX carries
+    # all the messages to that MX
+    assert not [c for c in first.confirmations if c.reused], first.log
+    reused = {c.token for c in second.confirmations if c.reused}
+    for domain in MX_LISTENERS:
+        on_it = {p.token for p in reuse if p.domain == domain}
+        assert len(on_it & reused) == len(on_it) - 1, (domain, second.log)
+    # the MX's side (mailsluice may also carry sessions on a connection it kept)
+    assert second.connections < len(reuse), second.log
+    if not lab.proxy_reuse:
+        assert first.connections == len(single), first.log
+        assert second.connections == len(MX_LISTENERS), second.log
 
 
 def postfix_version() -> str:
