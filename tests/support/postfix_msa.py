@@ -19,9 +19,14 @@ run at once (each picks its own 127.0.0.x address and port, and has its own ``sy
 ``settings`` override any main.cf key (e.g. ``qmgr_message_active_limit``). ``command_prefix``
 (e.g. ``["ip", "netns", "exec", "tenant1"]``) runs the instance inside a network namespace;
 give ``host``/``port`` explicitly then (and keep ``lo`` up there, or override
-``inet_interfaces``).
+``inet_interfaces``). ``smtpd_listeners`` replaces the one smtpd on ``host:port`` by any
+number of them (``{"10.0.0.1:25": ["smtpd_discard_ehlo_keywords=pipelining"]}``, each
+with its own ``-o`` options; ``{}`` for none); ``PostfixMX`` (``tests.support.postfix_mx``)
+builds an MX from this.
 
-Submitting mail to it: ``tests.reliability.submission.submit`` (or smtp-source). Requires
+Submitting mail to it: ``tests.reliability.submission.submit`` (or smtp-source) over SMTP, or
+``sendmail`` (local submission, as a web application does). ``delivery_records`` parses each
+``status=`` line of its log (queue id, recipient, ``conn_use``, the MX's reply). Requires
 root (Postfix's daemons drop privileges to the ``postfix`` user).
 """
 
@@ -47,6 +52,7 @@ from types import TracebackType
 from typing import Any
 
 from mailsluice.benchmark.procs import find_program
+from mailsluice.netns import listening_ports
 
 _SERVICES = """\
 pickup    unix  n       -       n       60      1       pickup
@@ -69,6 +75,8 @@ discard   unix  -       -       n       -       -       discard
 anvil     unix  -       -       n       -       1       anvil
 scache    unix  -       -       n       -       1       scache
 postlog   unix-dgram n  -       n       -       1       postlogd
+tlsmgr    unix  -       -       n       1000?   1       tlsmgr
+virtual   unix  -       n       n       -       -       virtual
 """
 
 #: Retry fast: a deferred message is tried again within about two seconds.
@@ -81,6 +89,12 @@ FAST_RETRY: Mapping[str, str] = {
 }
 
 _STATUS = re.compile(r"\bstatus=([a-z]+)\b")
+_MESSAGE_ID = re.compile(r"\b(?P<queue_id>[0-9A-Za-z]+): message-id=<(?P<message_id>[^>]*)>")
+_DELIVERY = re.compile(
+    r"\b(?P<queue_id>[0-9A-Za-z]+): to=<(?P<recipient>[^>]*)>,(?: orig_to=<[^>]*>,)?"
+    r" relay=(?P<relay>[^,]+),(?: conn_use=(?P<conn_use>\d+),)?.*?"
+    r" status=(?P<status>[a-z]+) \((?P<text>.*)\)$"
+)
 
 
 class PostfixError(Exception):
@@ -115,6 +129,18 @@ def free_loopback_address() -> tuple[str, int]:
                 continue
             return host, int(sock.getsockname()[1])
     raise PostfixError("no free port found on 127.0.0.2-254")
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    """One ``status=`` line of the log: a delivery attempt for one recipient."""
+
+    queue_id: str
+    recipient: str
+    relay: str
+    conn_use: int  # 1 on a new connection, N for its Nth transaction on a cached one
+    status: str  # sent, deferred, bounced, expired
+    text: str  # the reason in parentheses, e.g. "250 2.0.0 Ok: queued as 4AbC"
 
 
 @dataclass(frozen=True)
@@ -187,6 +213,7 @@ class PostfixMSA:
         settings: Mapping[str, str] | None = None,
         base_dir: Path | None = None,
         command_prefix: Sequence[str] = (),
+        smtpd_listeners: Mapping[str, Sequence[str]] | None = None,
         keep: bool = False,
         startup_timeout: float = 30.0,
     ) -> None:
@@ -202,6 +229,12 @@ class PostfixMSA:
         self.relayhost = relayhost
         self.settings = dict(settings or {})
         self.command_prefix = tuple(command_prefix)
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.smtpd_listeners = (
+            {listen: ()}
+            if smtpd_listeners is None
+            else {address: tuple(options) for address, options in smtpd_listeners.items()}
+        )
         self.keep = keep
         self.startup_timeout = startup_timeout
         # A fresh directory that the postfix user can traverse (pytest's tmp_path is 0700).
@@ -255,8 +288,11 @@ class PostfixMSA:
                 settings=self.settings,
             )
         )
-        listen = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-        (self.config_dir / "master.cf").write_text(f"{listen} inet n - n - - smtpd\n" + _SERVICES)
+        listeners = "".join(
+            f"{address} inet n - n - - smtpd{''.join(f' -o {option}' for option in options)}\n"
+            for address, options in self.smtpd_listeners.items()
+        )
+        (self.config_dir / "master.cf").write_text(listeners + _SERVICES)
         self._started = True  # from here on, stop() has something to clean up
         done = self._run("postfix", "start", timeout=self.startup_timeout)
         if done.returncode != 0:
@@ -264,11 +300,31 @@ class PostfixMSA:
                 f"postfix -c {self.config_dir} start failed ({done.returncode}): "
                 f"{(done.stderr + done.stdout).strip()[-800:]} | log: {self.log_tail()}"
             )
+        self._read_master_pid()
+        if self.command_prefix:
+            self._wait_listening()
+        else:
+            self._wait_greeting()
+
+    def _read_master_pid(self) -> None:
         pid_file = self.queue_dir / "pid" / "master.pid"
         with contextlib.suppress(OSError, ValueError, IndexError):
             self.master_pid = int(pid_file.read_text().split()[0])
-        if not self.command_prefix:
-            self._wait_greeting()
+
+    def _wait_listening(self) -> None:
+        """Inside a namespace: wait until every smtpd listener's port is listening there."""
+        ports = {int(address.rpartition(":")[2]) for address in self.smtpd_listeners}
+        deadline = time.monotonic() + self.startup_timeout
+        while not self.master_pid or not ports <= listening_ports(self.master_pid):
+            if not self.master_pid:
+                self._read_master_pid()
+            if time.monotonic() > deadline:
+                raise PostfixError(
+                    f"Postfix instance {self.name} (master {self.master_pid}) not listening on "
+                    f"ports {sorted(ports)} within {self.startup_timeout:.0f} s; "
+                    f"log: {self.log_tail()}"
+                )
+            time.sleep(0.05)
 
     def _wait_greeting(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -361,6 +417,27 @@ class PostfixMSA:
             raise PostfixError(f"postqueue -c {self.config_dir} -j failed: {done.stderr.strip()}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
+    def sendmail(self, sender: str, recipients: Sequence[str], content: bytes) -> None:
+        """Submit one message locally, as a web application would (``sendmail -i -f``).
+
+        ``content`` is the message in local (LF) line endings; a line with a lone "." is
+        part of it (``-i``).
+        """
+        path = find_program("sendmail")
+        if path is None:
+            raise PostfixError("sendmail not found (apt-get install postfix)")
+        argv = [*self.command_prefix, path, "-C", str(self.config_dir), "-i", "-f", sender]
+        argv += ["--", *recipients]
+        try:
+            done = subprocess.run(argv, input=content, capture_output=True, timeout=30, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise PostfixError(f"{' '.join(argv)} did not finish within 30 s") from exc
+        if done.returncode != 0:
+            raise PostfixError(
+                f"{' '.join(argv)} exited {done.returncode}: "
+                f"{done.stderr.decode(errors='replace').strip()[-800:]}"
+            )
+
     def flush(self) -> None:
         """Ask the instance to retry every deferred message now (``postqueue -f``)."""
         self._run("postqueue", "-f", timeout=20)
@@ -374,6 +451,36 @@ class PostfixMSA:
                     await asyncio.to_thread(self.flush)
                     next_flush = time.monotonic() + flush_every
                 await asyncio.sleep(0.25)
+
+    def message_ids(self) -> dict[str, str]:
+        """Queue id -> Message-ID (without angle brackets), from cleanup's log lines."""
+        try:
+            text = self.maillog.read_text(errors="replace")
+        except OSError:
+            return {}
+        return {m["queue_id"]: m["message_id"] for m in _MESSAGE_ID.finditer(text)}
+
+    def delivery_records(self) -> list[DeliveryRecord]:
+        """Every ``status=`` line of the log, parsed, in log order."""
+        try:
+            lines = self.maillog.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        records = []
+        for line in lines:
+            match = _DELIVERY.search(line)
+            if match is not None:
+                records.append(
+                    DeliveryRecord(
+                        queue_id=match["queue_id"],
+                        recipient=match["recipient"],
+                        relay=match["relay"],
+                        conn_use=int(match["conn_use"] or 1),
+                        status=match["status"],
+                        text=match["text"],
+                    )
+                )
+        return records
 
     def deliveries(self) -> Deliveries:
         """Count ``status=`` outcomes in the instance's log."""
