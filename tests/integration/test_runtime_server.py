@@ -158,3 +158,5 @@ def test_serve_runs_on_plain_asyncio_without_uvloop(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()

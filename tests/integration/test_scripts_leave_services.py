@@ -47,7 +47,7 @@ def sandbox(tmp_path: Path, *, installed: bool) -> tuple[Path, dict[str, str], P
         "dpkg-query": "echo 'install ok installed'" if installed else "exit 1",
         "debconf-set-selections": "cat > /dev/null",  # reads its input, as the real one
     }
-    names = ("apt-get", "dpkg-query", "debconf-set-selections", "id", *SERVICE_CONTROL)
+    names = ("apt-get", "dpkg", "dpkg-query", "debconf-set-selections", "id", *SERVICE_CONTROL)
     for name in names:
         write(bin_dir / name, STAND_IN.format(record=record, extra=extras.get(name, "")))
     for tool in ("python", "ruff", "mypy"):

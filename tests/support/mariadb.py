@@ -108,6 +108,19 @@ class MariaDbServer:
         raise RuntimeError(f"mariadbd did not start on port {self.port}:\n{tail}")
 
     def _accepts(self) -> bool:
+        """The server answers on its socket. Checked with a socket of our own first: a
+        client library's failed connect to a server still starting can leave its socket
+        behind (a ResourceWarning)."""
+        if not self.socket_path.exists():
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(self.socket_path))
+                if not probe.recv(4):  # its handshake packet: it is listening for real
+                    return False
+            except OSError:
+                return False
         try:
             self.sql("SELECT 1")
         except Exception:
