@@ -24,24 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
 
 from mailsluice.relay.records import Record
 from mailsluice.sessionlog.codec import parse_log_url
+from mailsluice.sessionlog.interfaces import Backend, NullBackend
 
-__all__ = ["Backend", "LogWriter", "NullWriter", "open_log"]
+__all__ = ["LogWriter", "NullWriter", "open_log"]
 
 log = logging.getLogger("mailsluice.sessionlog")
-
-
-class Backend(Protocol):
-    """Where batches go. Called from the writer thread only."""
-
-    def write_batch(self, records: list[Record]) -> None:
-        """Store the records (in order); raise on failure (the batch is then dropped)."""
-
-    def close(self) -> None:
-        """Release files and connections; called once, after the last batch."""
 
 
 class LogWriter:
@@ -270,19 +260,11 @@ class LogWriter:
             log.error("%s: error closing the log: %s: %s", self.name, type(exc).__name__, exc)
 
 
-class _NullBackend:
-    def write_batch(self, records: list[Record]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class NullWriter(LogWriter):
     """The writer for ``none:``: accepts records and forgets them (no thread)."""
 
     def __init__(self) -> None:
-        super().__init__(_NullBackend(), queue_limit=1, name="none:")
+        super().__init__(NullBackend(), queue_limit=1, name="none:")
 
     def submit(self, record: Record) -> None:
         pass
