@@ -297,8 +297,8 @@ def open_log(url: str, queue_limit: int, *, process: bool = False) -> LogWriter:
     backend: Backend = open_backend(parsed)
     if process:  # checked and created here (errors at startup); written by a child process
         backend.close()
-        from mailsluice.sessionlog.child import PipeBackend
         from mailsluice.sessionlog.loopwriter import LoopPipeWriter
+        from mailsluice.sessionlog.pipe import PipeBackend
 
         return LoopPipeWriter(PipeBackend(url), queue_limit=queue_limit, name=parsed.text)
     return LogWriter(backend, queue_limit=queue_limit, name=parsed.text)
