@@ -13,7 +13,7 @@ from mailsluice.relay.records import (
     TranscriptLine,
 )
 from mailsluice.sessionlog.interfaces import Backend
-from mailsluice.sessionlog.writer import LogWriter
+from mailsluice.sessionlog.threadwriter import LogWriter
 
 T0 = 1_714_564_800.0
 

@@ -8,7 +8,8 @@
 
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, SessionNotFound
 from mailsluice.sessionlog.reader import list_sessions, session_with_transcript, transcript
-from mailsluice.sessionlog.writer import LogWriter, NullWriter, open_log
+from mailsluice.sessionlog.threadwriter import LogWriter, NullWriter
+from mailsluice.sessionlog.writer import open_log
 
 __all__ = [
     "LogReadError",

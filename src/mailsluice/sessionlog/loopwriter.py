@@ -24,7 +24,7 @@ import os
 from collections import deque
 
 from mailsluice.sessionlog.pipe import PipeBackend, frame
-from mailsluice.sessionlog.writer import LogWriter
+from mailsluice.sessionlog.threadwriter import LogWriter
 
 __all__ = ["LoopPipeWriter"]
 
