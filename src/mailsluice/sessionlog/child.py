@@ -5,8 +5,8 @@ It reads framed batches from its stdin (:mod:`pipe`: the framing and the parent'
 (:func:`~mailsluice.sessionlog.backends.open_backend`: SQLite, JSON lines, a
 database...), until the pipe closes (after writing what it has) or the parent goes
 away. A batch the backend refuses is dropped (said on stderr at most every 30 s); the
-next one is tried. It imports :mod:`pipe`, :mod:`backends` and :mod:`codec`, never a
-writer.
+next one is tried. SIGINT, SIGTERM and SIGHUP are ignored: only the pipe's end stops
+it. It imports :mod:`pipe`, :mod:`backends` and :mod:`codec`, never a writer.
 """
 
 from __future__ import annotations
@@ -24,19 +24,26 @@ from mailsluice.sessionlog.pipe import URL_VARIABLE, read_frame
 __all__ = ["main"]
 
 
+def _ignore_stop_signals() -> None:
+    """The parent decides when logging ends (it closes the pipe after its last batch);
+    a Ctrl-C, SIGTERM or hang-up sent to the whole process group must not cut that
+    short. SIGHUP is ignored here, not only inherited ignored: a writer process the mail
+    process restarts (after a crash) starts with the default disposition, since exec
+    resets the mail process's own SIGHUP handler."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def main(argv: list[str]) -> int:
     """The child: read framed batches from stdin and write them until EOF.
 
     The log URL comes from ``MAILSLUICE_LOG_URL`` (or, for manual runs, ``argv[0]``)."""
+    _ignore_stop_signals()
     url = os.environ.get(URL_VARIABLE) or (argv[0] if argv else "none:")
     parsed = parse_log_url(url)
     if parsed.scheme == "none":
         return 0
     backend = open_backend(parsed)
-    # The parent decides when logging ends (it closes the pipe after its last batch);
-    # a Ctrl-C or SIGTERM sent to the whole process group must not cut that short.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stream = sys.stdin.buffer
     last_error = 0.0
     try:
