@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +53,13 @@ def test_a_dead_child_is_replaced(tmp_path: Path) -> None:
 def test_a_bad_path_is_reported_at_startup(tmp_path: Path) -> None:
     with pytest.raises(SessionLogError, match="does not exist"):
         open_log(f"sqlite:{tmp_path / 'missing' / 'log.db'}", 10, process=True)
+
+
+def test_the_writer_process_does_not_load_asyncio() -> None:
+    """It imports the package face (``-m`` does), which must not pull in the loop writer."""
+    code = "import sys, mailsluice.sessionlog.child; print(sorted({'asyncio'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
+    assert done.stdout.strip() == b"[]"
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ a :class:`~mailsluice.sessionlog.loopwriter.LoopPipeWriter` (batches leave from 
 event loop through a pipe, :mod:`pipe`, to the writer process, :mod:`child`) or a
 :class:`~mailsluice.sessionlog.threadwriter.NullWriter` for ``none:``. This module is
 the top of the writing side: it imports the writers, the backends and the pipe, and
-none of them imports it. ``LogWriter`` and ``NullWriter`` are exported here too, as
+none of them imports it (``loopwriter`` only when asked for, to keep asyncio out of
+the writer process). ``LogWriter`` and ``NullWriter`` are exported here too, as
 the types ``open_log`` returns.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import parse_log_url
 from mailsluice.sessionlog.interfaces import Backend
-from mailsluice.sessionlog.loopwriter import LoopPipeWriter
 from mailsluice.sessionlog.pipe import PipeBackend
 from mailsluice.sessionlog.threadwriter import LogWriter, NullWriter
 
@@ -43,5 +43,9 @@ def open_log(url: str, queue_limit: int, *, process: bool = False) -> LogWriter:
     backend: Backend = open_backend(parsed)
     if process:  # checked and created here (errors at startup); written by a child process
         backend.close()
+        # Imported here, not at the top: the writer process imports this module too
+        # (through the package face) and must not load asyncio for nothing (~7 MiB).
+        from mailsluice.sessionlog.loopwriter import LoopPipeWriter
+
         return LoopPipeWriter(PipeBackend(url), queue_limit=queue_limit, name=parsed.text)
     return LogWriter(backend, queue_limit=queue_limit, name=parsed.text)
