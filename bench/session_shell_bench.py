@@ -25,7 +25,7 @@ from mailsluice.runtime import handler as connection
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.services import Services
-from mailsluice.sessionlog.writer import NullWriter
+from mailsluice.sessionlog.threadwriter import NullWriter
 
 
 class MemoryTransport:

@@ -22,8 +22,8 @@ from tests.support.ledger import make_message, new_token
 from tests.support.ledger_mx import LedgerMX
 from tests.support.mariadb import MariaDbServer
 
-from mailsluice.sessionlog.child import URL_VARIABLE
 from mailsluice.sessionlog.cli_commands import build_filter, print_sessions, print_transcript
+from mailsluice.sessionlog.pipe import URL_VARIABLE
 from mailsluice.sessionlog.reader import list_sessions
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.handler import ConnectionHandler
 from mailsluice.runtime.linger import LINGER_BYTES
 from mailsluice.runtime.services import Services
-from mailsluice.sessionlog.writer import NullWriter
+from mailsluice.sessionlog.threadwriter import NullWriter
 
 pytestmark = pytest.mark.integration
 

@@ -33,7 +33,7 @@ from mailsluice.relay.records import Record
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.server import Proxy
 from mailsluice.runtime.services import Services
-from mailsluice.sessionlog.writer import LogWriter, NullWriter
+from mailsluice.sessionlog.threadwriter import LogWriter, NullWriter
 
 pytestmark = pytest.mark.integration
 

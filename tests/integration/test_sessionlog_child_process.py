@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.unit.test_sessionlog_roundtrip import T0, session
 
-from mailsluice.sessionlog.child import PipeBackend
+from mailsluice.sessionlog.pipe import PipeBackend
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice.sessionlog.writer import open_log
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from tests.unit.test_sessionlog_roundtrip import T0, session
 
-from mailsluice.sessionlog.child import PipeBackend
 from mailsluice.sessionlog.loopwriter import LoopPipeWriter
+from mailsluice.sessionlog.pipe import PipeBackend
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice.sessionlog.writer import open_log
 

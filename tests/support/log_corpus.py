@@ -12,7 +12,8 @@ from mailsluice.relay.records import (
     TranscriptChunk,
     TranscriptLine,
 )
-from mailsluice.sessionlog.writer import Backend, LogWriter
+from mailsluice.sessionlog.interfaces import Backend
+from mailsluice.sessionlog.threadwriter import LogWriter
 
 T0 = 1_714_564_800.0
 

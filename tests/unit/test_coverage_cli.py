@@ -40,7 +40,8 @@ from mailsluice.sessionlog.sqlite import (
     create_private_file,
     open_readonly,
 )
-from mailsluice.sessionlog.writer import LogWriter, open_log
+from mailsluice.sessionlog.threadwriter import LogWriter
+from mailsluice.sessionlog.writer import open_log
 
 pytestmark = pytest.mark.unit
 

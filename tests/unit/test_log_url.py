@@ -9,13 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mailsluice.sessionlog.backends import NullBackend, open_backend
+from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import (
     JsonlOptions,
     SessionLogError,
     WebhookOptions,
     parse_log_url,
 )
+from mailsluice.sessionlog.interfaces import NullBackend
 from mailsluice.sessionlog.jsonl import JsonlBackend
 from mailsluice.sessionlog.mysql_url import parse_mysql_url
 from mailsluice.sessionlog.sqlite import SqliteBackend

@@ -6,35 +6,21 @@ object that writes batches: :class:`SqliteBackend` for ``sqlite:PATH``,
 :class:`PostgresBackend` for ``postgresql://`` / ``postgres://``,
 :class:`MysqlBackend` for ``mysql://`` / ``mariadb://`` and
 :class:`WebhookBackend` for ``webhook:http(s)://...``; ``none:`` gives a
-:class:`NullBackend` (callers that want no writer thread at all check
-``parse_log_url(url).scheme == "none"`` first). Opening checks the target now
-(creates the file, connects and migrates the database) so that a wrong URL is
-reported at startup; every failure is a :class:`SessionLogError` (a ``ValueError``)
+:class:`~mailsluice.sessionlog.interfaces.NullBackend` (callers that want no writer
+thread at all check ``parse_log_url(url).scheme == "none"`` first). Opening checks the
+target now (creates the file, connects and migrates the database) so that a wrong URL
+is reported at startup; every failure is a :class:`SessionLogError` (a ``ValueError``)
 naming the problem and the fix. The database and webhook modules are imported only
 when used, so asyncpg (PyMySQL) is needed only by those who log to PostgreSQL (MariaDB).
+It imports the sinks and :mod:`interfaces`, never a writer.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from mailsluice.relay.records import Record
 from mailsluice.sessionlog.codec import LogUrl, SessionLogError, parse_log_url
+from mailsluice.sessionlog.interfaces import Backend, NullBackend
 
-if TYPE_CHECKING:  # writer imports this module: no import cycle at run time
-    from mailsluice.sessionlog.writer import Backend
-
-__all__ = ["NullBackend", "open_backend"]
-
-
-class NullBackend:
-    """The backend of ``none:``: accepts batches and forgets them."""
-
-    def write_batch(self, records: list[Record]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+__all__ = ["open_backend"]
 
 
 def open_backend(url: str | LogUrl) -> Backend:

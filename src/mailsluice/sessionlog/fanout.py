@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mailsluice.relay.records import Record
-from mailsluice.sessionlog.writer import LogWriter
+from mailsluice.sessionlog.threadwriter import LogWriter
 
 __all__ = ["LogFanout"]
 

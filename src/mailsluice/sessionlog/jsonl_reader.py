@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mailsluice.sessionlog import sqlite_reader
 from mailsluice.sessionlog.codec import (
     TYPE_SESSION_CLOSED,
     TYPE_SESSION_OPENED,
@@ -35,6 +34,7 @@ from mailsluice.sessionlog.rows import (
     session_dict,
 )
 from mailsluice.sessionlog.sqlite import create_schema
+from mailsluice.sessionlog.sqlite_reader import sessions as sqlite_sessions
 
 __all__ = ["sessions", "session_with_transcript"]
 
@@ -139,7 +139,7 @@ def _load(scan: _Scan) -> sqlite3.Connection:
 def sessions(path: Path, limit: int, where: SessionFilter) -> list[dict[str, Any]]:
     """The ``limit`` newest sessions that pass ``where`` (``limit <= 0``: all)."""
     with closing(_load(_scan(path, prefix=None))) as conn:
-        return sqlite_reader.sessions(conn, limit, where)
+        return sqlite_sessions(conn, limit, where)
 
 
 def session_with_transcript(path: Path, prefix: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

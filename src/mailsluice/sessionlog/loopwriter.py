@@ -21,11 +21,10 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import pickle
 from collections import deque
 
-from mailsluice.sessionlog.child import HEADER, PipeBackend
-from mailsluice.sessionlog.writer import LogWriter
+from mailsluice.sessionlog.pipe import PipeBackend, frame
+from mailsluice.sessionlog.threadwriter import LogWriter
 
 __all__ = ["LoopPipeWriter"]
 
@@ -137,15 +136,14 @@ class LoopPipeWriter(LogWriter):
             n = min(len(pending), self._batch_size)
             popleft = pending.popleft
             batch = [popleft() for _ in range(n)]
-            payload = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-            frame = HEADER.pack(len(payload)) + payload
-            if self._backlog + len(frame) > self._max_backlog:
+            data = frame(batch)
+            if self._backlog + len(data) > self._max_backlog:
                 self._failed_batches += 1
                 self._failed_records += n
                 self._report_error(BlockingIOError("the log writer process is not keeping up"), n)
                 continue
-            self._frames.append((memoryview(frame), n))
-            self._backlog += len(frame)
+            self._frames.append((memoryview(data), n))
+            self._backlog += len(data)
 
     def _send(self) -> None:
         frames = self._frames

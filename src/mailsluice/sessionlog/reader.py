@@ -16,9 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mailsluice.sessionlog import jsonl_reader, sqlite_reader
 from mailsluice.sessionlog.codec import LogReadError, LogUrl, SessionNotFound, parse_log_url
+from mailsluice.sessionlog.jsonl_reader import session_with_transcript as jsonl_session
+from mailsluice.sessionlog.jsonl_reader import sessions as jsonl_sessions
 from mailsluice.sessionlog.query import SessionFilter
+from mailsluice.sessionlog.sqlite_reader import run as run_sqlite
+from mailsluice.sessionlog.sqlite_reader import session_with_transcript as sqlite_session
+from mailsluice.sessionlog.sqlite_reader import sessions as sqlite_sessions
 
 __all__ = ["list_sessions", "session_with_transcript", "transcript"]
 
@@ -59,17 +63,17 @@ def list_sessions(
     first."""
     parsed = _parse(url)
     if parsed.scheme == "postgresql":
-        from mailsluice.sessionlog import postgres_reader
+        from mailsluice.sessionlog.postgres_reader import list_sessions as postgres_sessions
 
-        return postgres_reader.list_sessions(url, limit, where)
+        return postgres_sessions(url, limit, where)
     if parsed.scheme == "mysql":
-        from mailsluice.sessionlog import mysql_reader
+        from mailsluice.sessionlog.mysql_reader import list_sessions as mysql_sessions
 
-        return mysql_reader.list_sessions(url, limit, where)
+        return mysql_sessions(url, limit, where)
     path = _locate(parsed)
     if parsed.scheme == "sqlite":
-        return sqlite_reader.run(path, lambda conn: sqlite_reader.sessions(conn, limit, where))
-    return jsonl_reader.sessions(path, limit, where)
+        return run_sqlite(path, lambda conn: sqlite_sessions(conn, limit, where))
+    return jsonl_sessions(path, limit, where)
 
 
 def transcript(url: str, session_id: str) -> list[dict[str, Any]]:
@@ -85,16 +89,16 @@ def session_with_transcript(
         raise SessionNotFound("no session id given; `mailsluice sessions` lists them")
     parsed = _parse(url)
     if parsed.scheme == "postgresql":
-        from mailsluice.sessionlog import postgres_reader
+        from mailsluice.sessionlog.postgres_reader import (
+            session_with_transcript as postgres_session,
+        )
 
-        return postgres_reader.session_with_transcript(url, session_id)
+        return postgres_session(url, session_id)
     if parsed.scheme == "mysql":
-        from mailsluice.sessionlog import mysql_reader
+        from mailsluice.sessionlog.mysql_reader import session_with_transcript as mysql_session
 
-        return mysql_reader.session_with_transcript(url, session_id)
+        return mysql_session(url, session_id)
     path = _locate(parsed)
     if parsed.scheme == "sqlite":
-        return sqlite_reader.run(
-            path, lambda conn: sqlite_reader.session_with_transcript(conn, session_id, path)
-        )
-    return jsonl_reader.session_with_transcript(path, session_id)
+        return run_sqlite(path, lambda conn: sqlite_session(conn, session_id, path))
+    return jsonl_session(path, session_id)
