@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
+from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import (
     Direction,
     Record,
@@ -44,18 +44,6 @@ from mailsluice.relay.records import (
     TranscriptChunk,
     TranscriptLine,
 )
-
-
-class _Relay(Protocol):
-    def start(self) -> list[act.Action]: ...
-
-    def handle(self, event: ev.Event, now: float) -> list[act.Action]: ...
-
-    def client_data(self, data: bytes, now: float) -> list[act.Action]: ...
-
-    def server_data(self, data: bytes, now: float) -> list[act.Action]: ...
-
-    def take_log(self) -> list[act.Action]: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +86,7 @@ Step = ev.Event | _Start | Wait
 
 @dataclass
 class Playbook:
-    relay: _Relay
+    relay: Relay
     ignore: tuple[type[act.Action], ...] = (act.Log, act.SetTimer)
     now: float = 1_000.0  # the time the relay was made with (``start`` takes no time)
     step: float = 0.01  # seconds between events
