@@ -4,7 +4,7 @@ One client (192.0.2.10) talking to one MX (198.51.100.25:25) through a ``Relay``
 bytes are those of the usual session; the replies the relay makes itself are spelled out
 as they go on the wire (hostname ``mailsluice``, the default), so a playbook that
 expects one states its text too. The scenes are playbook prefixes, to be continued
-with ``>>`` and ``<<``:
+with ``>>`` and ``<<`` (each takes a ``RelayConfig`` and ``new_relay``'s options):
 
 * ``dialled``: started, the MX connection up, no greeting yet;
 * ``greeted``: the MX's greeting relayed;
@@ -15,6 +15,8 @@ with ``>>`` and ``<<``:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from tests.unit.playbook import START, Playbook, c, s, to_c, to_s
 
@@ -132,36 +134,25 @@ def parse_replies(data: bytes) -> list[Reply]:
 
 
 # ----------------------------------------------------------------- scenes
-def dialled(config: RelayConfig | None = None, *, may_release: bool = False) -> Playbook:
+def dialled(config: RelayConfig | None = None, **options: Any) -> Playbook:
     """Started, the MX connection up, its greeting not yet in."""
-    return (
-        Playbook(new_relay(config, may_release=may_release))
-        >> START
-        << act.ConnectServer()
-        >> CONNECTED
-    )
+    return Playbook(new_relay(config, **options)) >> START << act.ConnectServer() >> CONNECTED
 
 
-def greeted(config: RelayConfig | None = None, *, may_release: bool = False) -> Playbook:
+def greeted(config: RelayConfig | None = None, **options: Any) -> Playbook:
     """The MX's greeting relayed to the client."""
-    return dialled(config, may_release=may_release) >> s(GREETING) << to_c(GREETING)
+    return dialled(config, **options) >> s(GREETING) << to_c(GREETING)
 
 
-def opened(config: RelayConfig | None = None, *, may_release: bool = False) -> Playbook:
+def opened(config: RelayConfig | None = None, **options: Any) -> Playbook:
     """Greeted and past a plaintext EHLO, with no transaction."""
-    return (
-        greeted(config, may_release=may_release)
-        >> c(EHLO)
-        << to_s(EHLO)
-        >> s(EHLO_REPLY)
-        << to_c(EHLO_REPLY)
-    )
+    return greeted(config, **options) >> c(EHLO) << to_s(EHLO) >> s(EHLO_REPLY) << to_c(EHLO_REPLY)
 
 
-def in_body(config: RelayConfig | None = None, *, may_release: bool = False) -> Playbook:
+def in_body(config: RelayConfig | None = None, **options: Any) -> Playbook:
     """MAIL, RCPT and DATA accepted: the relay streams the body."""
     return (
-        opened(config, may_release=may_release)
+        opened(config, **options)
         >> c(MAIL + RCPT + DATA)
         << to_s(MAIL)
         << to_s(RCPT)
