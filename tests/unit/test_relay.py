@@ -89,6 +89,26 @@ def test_refusal_replies_and_closes_without_dialling() -> None:
     assert relay.closed
 
 
+def test_a_whole_command_line_restarts_the_clients_clock_a_partial_one_does_not() -> None:
+    """The shell restarts a client timer only when told: a command answered by us (the
+    timer unchanged) announces it again; bytes of a line not yet whole do not, so a client
+    trickling a command cannot hold the session open (slowloris)."""
+    book = greeted()
+    assert book
+    book.ignore = (act.Log,)
+    assert (
+        book
+        >> c(b"XFOO\r\n")
+        << to_c(NOT_IMPLEMENTED)
+        << act.SetTimer(T.client_idle, on_server=False)
+        >> c(b"XF")
+        >> c(b"OO")
+        >> c(b"\r\n")
+        << to_c(NOT_IMPLEMENTED)
+        << act.SetTimer(T.client_idle, on_server=False)
+    )
+
+
 # ----------------------------------------------------------------- plaintext happy path
 def test_plaintext_session_end_to_end() -> None:
     relay = new_relay(RelayConfig(message_size_limit=10_000_000))
