@@ -26,6 +26,11 @@ A scene shared by many tests is a function returning a playbook (``relay_wire``)
 time with the next event); each event also moves it by ``step``. With ``fast=True``
 client and server bytes go through ``Relay.client_data``/``server_data``, the shell's
 hot path, instead of ``handle``.
+
+What came out, read back from ``seen``: ``records`` (transcript chunks expanded),
+``transcript`` (with the lines the relay still holds, through its public ``take_log``),
+``transactions``, ``closing``, ``notes``, and ``sent_to_server`` for the scripts that
+leave the body's chunks out of the comparison.
 """
 
 from __future__ import annotations
