@@ -1,422 +1,551 @@
-"""Relay playbooks: the happy paths, STARTTLS toward the MX, pipelining, local replies."""
+"""Relay playbooks: the happy paths, pipelining, local replies, the two entries."""
 
 from __future__ import annotations
 
 import pytest
-from tests.unit.relay_harness import (
+from tests.unit.playbook import START, Playbook, c, s, to_c, to_s, transcript
+from tests.unit.relay_wire import (
+    BDAT_REFUSED,
+    CONNECTED,
+    DATA,
+    EHLO,
     EHLO_PLAIN,
+    FLOOD,
     GREETING,
-    Harness,
-    codes,
-    of_type,
-    statuses,
-    to_client,
-    to_server,
+    HTTP_REFUSED,
+    INTERNAL_ERROR,
+    LINE_TOO_LONG,
+    MAIL,
+    NOT_IMPLEMENTED,
+    RCPT,
+    SIZE_REFUSED,
+    TOO_MANY_ERRORS,
+    TOO_MANY_RCPTS,
+    UNREACHABLE,
+    greeted,
+    in_body,
+    new_relay,
+    opened,
 )
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
-from mailsluice.relay.machine import Relay
-from mailsluice.relay.records import Direction
+from mailsluice.relay.records import CHUNK_LINES, Direction, SessionOpened, TranscriptChunk
 from mailsluice.smtp.replies import Reply
 
 pytestmark = pytest.mark.unit
 
+T = RelayConfig().timeouts
+
 
 # ----------------------------------------------------------------- start and greeting
 def test_start_dials_and_arms_the_connect_plus_greeting_timer() -> None:
-    h = Harness()
-    assert of_type(h.started, act.ConnectServer) == [act.ConnectServer()]
-    t = h.config.timeouts
-    assert of_type(h.started, act.SetTimer) == [
-        act.SetTimer(t.connect + t.greeting, on_server=True)
-    ]
-    assert to_client(h.started) == b""
+    assert (
+        Playbook(new_relay(), ignore=(act.Log,))
+        >> START
+        << act.ConnectServer()
+        << act.SetTimer(T.connect + T.greeting, on_server=True)
+    )
 
 
 def test_greeting_is_relayed_verbatim() -> None:
-    h = Harness()
-    out = h.connect(b"220-mx.example ESMTP\r\n220 welcome\r\n")
-    assert to_client(out) == b"220-mx.example ESMTP\r\n220 welcome\r\n"
-    assert of_type(out, act.SetTimer)[-1] == act.SetTimer(
-        h.config.timeouts.client_idle, on_server=False
+    greeting = b"220-mx.example ESMTP\r\n220 welcome\r\n"
+    assert (
+        Playbook(new_relay(), ignore=(act.Log,))
+        >> START
+        << act.ConnectServer()
+        << act.SetTimer(T.connect + T.greeting, on_server=True)
+        >> CONNECTED
+        << act.SetTimer(T.greeting, on_server=True)
+        >> s(greeting)
+        << to_c(greeting)
+        << act.SetTimer(T.client_idle, on_server=False)
     )
 
 
 def test_client_talking_before_the_greeting_is_held() -> None:
-    h = Harness()
-    early = h.client(b"EHLO early.example\r\n")
-    assert to_server(early) == b""
-    assert to_client(early) == b""
-    out = h.connect()
-    assert to_client(out) == GREETING
-    assert to_server(out) == b"EHLO early.example\r\n"
+    assert (
+        Playbook(new_relay())
+        >> START
+        << act.ConnectServer()
+        >> c(b"EHLO early.example\r\n")
+        >> CONNECTED
+        >> s(GREETING)
+        << to_c(GREETING)
+        << to_s(b"EHLO early.example\r\n")
+    )
 
 
 def test_refusal_replies_and_closes_without_dialling() -> None:
-    refusal = Reply.make(554, "5.7.1", "Error: not allowed")
-    h = Harness(refusal=refusal)
-    assert of_type(h.started, act.ConnectServer) == []
-    assert to_client(h.started) == b"554 5.7.1 Error: not allowed\r\n"
-    assert of_type(h.started, act.CloseClient) == [act.CloseClient()]
-    assert h.relay.closed
-    assert h.client(b"EHLO x\r\n") == []
+    relay = new_relay(refusal=Reply.make(554, "5.7.1", "Error: not allowed"))
+    assert (
+        Playbook(relay)
+        >> START
+        << to_c(b"554 5.7.1 Error: not allowed\r\n")
+        << act.CloseClient()
+        >> c(b"EHLO x\r\n")
+    )
+    assert relay.closed
+
+
+def test_a_whole_command_line_restarts_the_clients_clock_a_partial_one_does_not() -> None:
+    """The shell restarts a client timer only when told: a command answered by us (the
+    timer unchanged) announces it again; bytes of a line not yet whole do not, so a client
+    trickling a command cannot hold the session open (slowloris)."""
+    book = greeted()
+    assert book
+    book.ignore = (act.Log,)
+    assert (
+        book
+        >> c(b"XFOO\r\n")
+        << to_c(NOT_IMPLEMENTED)
+        << act.SetTimer(T.client_idle, on_server=False)
+        >> c(b"XF")
+        >> c(b"OO")
+        >> c(b"\r\n")
+        << to_c(NOT_IMPLEMENTED)
+        << act.SetTimer(T.client_idle, on_server=False)
+    )
 
 
 # ----------------------------------------------------------------- plaintext happy path
 def test_plaintext_session_end_to_end() -> None:
-    h = Harness(config=RelayConfig(message_size_limit=10_000_000))
-    h.connect()
-    out = h.ehlo(EHLO_PLAIN)
-    assert to_client(out) == (
-        b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10000000\r\n250 8BITMIME\r\n"
+    relay = new_relay(RelayConfig(message_size_limit=10_000_000))
+    assert (
+        Playbook(relay)
+        >> START
+        << act.ConnectServer()
+        >> CONNECTED
+        >> s(GREETING)
+        << to_c(GREETING)
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(EHLO_PLAIN)
+        << to_c(b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10000000\r\n250 8BITMIME\r\n")
+        >> c(MAIL)
+        << to_s(MAIL)
+        >> s(b"250 2.1.0 Ok\r\n")
+        << to_c(b"250 2.1.0 Ok\r\n")
+        >> c(RCPT)
+        << to_s(RCPT)
+        >> s(b"250 2.1.5 Ok\r\n")
+        << to_c(b"250 2.1.5 Ok\r\n")
+        >> c(DATA)
+        << to_s(DATA)
+        >> s(b"354 End data with <CR><LF>.<CR><LF>\r\n")
+        << to_c(b"354 End data with <CR><LF>.<CR><LF>\r\n")
+        >> c(b"Subject: t\r\n\r\nhello\r\n.\r\n")
+        << to_s(b"Subject: t\r\n\r\nhello\r\n.\r\n")
+        >> s(b"250 2.0.0 Ok: queued as ABC\r\n")
+        << to_c(b"250 2.0.0 Ok: queued as ABC\r\n")
+        >> c(b"QUIT\r\n")
+        << to_s(b"QUIT\r\n")
+        >> s(b"221 2.0.0 Bye\r\n")
+        << to_c(b"221 2.0.0 Bye\r\n")
+        << act.CloseServer()
+        << act.CloseClient(linger=False)  # a clean QUIT
     )
-    out = h.transaction()
-    assert codes(out) == [250, 250, 354]
-    assert to_server(out).endswith(b"Subject: t\r\n\r\nhello\r\n.\r\n")
-    out = h.server(b"250 2.0.0 Ok: queued as ABC\r\n")
-    assert to_client(out) == b"250 2.0.0 Ok: queued as ABC\r\n"
-    out = h.client(b"QUIT\r\n")
-    assert to_server(out) == b"QUIT\r\n"
-    out = h.server(b"221 2.0.0 Bye\r\n")
-    assert to_client(out) == b"221 2.0.0 Bye\r\n"
-    assert of_type(out, act.CloseServer) == [act.CloseServer()]
-    assert of_type(out, act.CloseClient) == [act.CloseClient(linger=False)]  # clean QUIT
-    assert h.relay.closed
+    assert relay.closed
 
 
 def test_ehlo_reply_unchanged_is_logged_as_relayed() -> None:
-    h = Harness(config=RelayConfig(message_size_limit=0))
-    h.connect()
     unchanged = b"250-mx.example\r\n250 PIPELINING\r\n"
-    assert to_client(h.ehlo(unchanged)) == unchanged
-    assert h.directions()[-1] == (Direction.SERVER_TO_CLIENT, "250-mx.example\n250 PIPELINING")
+    book = (
+        greeted(RelayConfig(message_size_limit=0))
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(unchanged)
+        << to_c(unchanged)
+    )
+    assert book
+    last = transcript(book)[-1]
+    assert (last.direction, last.text) == (
+        Direction.SERVER_TO_CLIENT,
+        "250-mx.example\n250 PIPELINING",
+    )
 
 
 def test_helo_is_relayed_without_starttls() -> None:
-    h = Harness()
-    h.connect()
-    out = h.client(b"HELO client.example\r\n")
-    assert to_server(out) == b"HELO client.example\r\n"
-    out = h.server(b"250 mx.example\r\n")
-    assert to_client(out) == b"250 mx.example\r\n"
-    assert of_type(out, act.StartServerTls) == []
+    assert (
+        greeted()
+        >> c(b"HELO client.example\r\n")
+        << to_s(b"HELO client.example\r\n")
+        >> s(b"250 mx.example\r\n")
+        << to_c(b"250 mx.example\r\n")
+    )
 
 
 def test_ehlo_rejected_by_the_mx_is_passed_on() -> None:
-    h = Harness()
-    h.connect()
-    h.client(b"EHLO client.example\r\n")
-    out = h.server(b"502 5.5.1 no EHLO here\r\n")
-    assert to_client(out) == b"502 5.5.1 no EHLO here\r\n"
-    assert to_server(h.client(b"HELO client.example\r\n")) == b"HELO client.example\r\n"
+    assert (
+        greeted()
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(b"502 5.5.1 no EHLO here\r\n")
+        << to_c(b"502 5.5.1 no EHLO here\r\n")
+        >> c(b"HELO client.example\r\n")
+        << to_s(b"HELO client.example\r\n")
+    )
 
 
 # ----------------------------------------------------------------- pipelining
-PIPELINE = (
-    b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nRCPT TO:<c@mx.example>\r\nDATA\r\n"
-)
-MX_ANSWERS = b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n550 5.1.1 unknown\r\n354 go ahead\r\n"
+PIPELINE = [b"MAIL FROM:<a@c.example>\r\n", b"RCPT TO:<b@mx.example>\r\n",
+            b"RCPT TO:<c@mx.example>\r\n", b"DATA\r\n"]  # fmt: skip
+MX_ANSWERS = [b"250 2.1.0 Ok\r\n", b"250 2.1.5 Ok\r\n", b"550 5.1.1 unknown\r\n",
+              b"354 go ahead\r\n"]  # fmt: skip
 
 
-def pipelined(h: Harness) -> None:
-    h.connect()
-    h.ehlo()
-    out = h.client(PIPELINE)
-    assert to_server(out) == PIPELINE
-    assert to_client(out) == b""
+def pipelined() -> Playbook:
+    """MAIL, two RCPTs and DATA in one write: all forwarded at once, nothing answered yet."""
+    book = opened() >> c(b"".join(PIPELINE))
+    for command in PIPELINE:
+        book << to_s(command)
+    return book
 
 
 def test_pipelined_replies_in_one_chunk() -> None:
-    h = Harness()
-    pipelined(h)
-    out = h.server(MX_ANSWERS)
-    assert to_client(out) == MX_ANSWERS
-    out = h.client(b"body\r\n.\r\n")
-    assert to_server(out) == b"body\r\n.\r\n"
+    book = pipelined() >> s(b"".join(MX_ANSWERS))
+    for answer in MX_ANSWERS:
+        book << to_c(answer)
+    assert book >> c(b"body\r\n.\r\n") << to_s(b"body\r\n.\r\n")
 
 
 def test_pipelined_replies_byte_by_byte() -> None:
-    h = Harness()
-    pipelined(h)
-    seen = b""
-    for i in range(len(MX_ANSWERS)):
-        seen += to_client(h.server(MX_ANSWERS[i : i + 1]))
-    assert seen == MX_ANSWERS
+    """Each reply reaches the client with its last byte, not before."""
+    book = pipelined()
+    for answer in MX_ANSWERS:
+        for i in range(len(answer)):
+            book >> s(answer[i : i + 1])
+        book << to_c(answer)
+    assert book
 
 
 def test_unknown_verb_inside_a_pipeline_is_answered_in_order() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    out = h.client(b"MAIL FROM:<a@c.example>\r\nXFOO bar\r\nRCPT TO:<b@mx.example>\r\n")
-    assert to_server(out) == b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\n"
-    assert to_client(out) == b""  # the 502 waits for the MAIL reply
-    out = h.server(b"250 2.1.0 Ok\r\n")
-    assert statuses(out) == [(250, "2.1.0"), (502, "5.5.1")]
-    out = h.server(b"250 2.1.5 Ok\r\n")
-    assert statuses(out) == [(250, "2.1.5")]
+    assert (
+        opened()
+        >> c(b"MAIL FROM:<a@c.example>\r\nXFOO bar\r\nRCPT TO:<b@mx.example>\r\n")
+        << to_s(b"MAIL FROM:<a@c.example>\r\n")
+        << to_s(b"RCPT TO:<b@mx.example>\r\n")  # the 502 waits for the MAIL reply
+        >> s(b"250 2.1.0 Ok\r\n")
+        << to_c(b"250 2.1.0 Ok\r\n")
+        << to_c(NOT_IMPLEMENTED)
+        >> s(b"250 2.1.5 Ok\r\n")
+        << to_c(b"250 2.1.5 Ok\r\n")
+    )
 
 
 def test_syntax_error_inside_a_pipeline_is_answered_in_order() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    out = h.client(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<>\r\nRCPT TO:<b@mx.example>\r\n")
-    assert to_server(out) == b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\n"
-    out = h.server(b"250 Ok\r\n250 Ok\r\n")
-    assert codes(out) == [250, 501, 250]
+    assert (
+        opened()
+        >> c(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<>\r\nRCPT TO:<b@mx.example>\r\n")
+        << to_s(b"MAIL FROM:<a@c.example>\r\n")
+        << to_s(b"RCPT TO:<b@mx.example>\r\n")
+        >> s(b"250 Ok\r\n250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        << to_c(b"501 5.5.4 Syntax: RCPT TO:<address>: the null path is not a recipient\r\n")
+        << to_c(b"250 Ok\r\n")
+    )
 
 
 def test_ehlo_is_a_barrier() -> None:
-    h = Harness()
-    h.connect()
-    out = h.client(b"EHLO c.example\r\nMAIL FROM:<a@c.example>\r\n")
-    assert to_server(out) == b"EHLO c.example\r\n"
-    out = h.server(EHLO_PLAIN)
-    assert to_server(out) == b"MAIL FROM:<a@c.example>\r\n"
+    assert (
+        greeted()
+        >> c(b"EHLO c.example\r\nMAIL FROM:<a@c.example>\r\n")
+        << to_s(b"EHLO c.example\r\n")
+        >> s(EHLO_PLAIN)
+        << to_c(b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250 8BITMIME\r\n")
+        << to_s(b"MAIL FROM:<a@c.example>\r\n")
+    )
 
 
 def test_commands_after_end_of_data_wait_for_its_reply() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    h.client(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nDATA\r\n")
-    h.server(b"250 Ok\r\n250 Ok\r\n354 go\r\n")
-    out = h.client(b"text\r\n.\r\nQUIT\r\n")
-    assert to_server(out) == b"text\r\n.\r\n"
-    out = h.server(b"250 queued\r\n")
-    assert to_client(out) == b"250 queued\r\n"
-    assert to_server(out) == b"QUIT\r\n"
+    assert (
+        in_body()
+        >> c(b"text\r\n.\r\nQUIT\r\n")
+        << to_s(b"text\r\n.\r\n")
+        >> s(b"250 queued\r\n")
+        << to_c(b"250 queued\r\n")
+        << to_s(b"QUIT\r\n")
+    )
 
 
 def test_bare_lf_command_is_forwarded_with_crlf() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    assert to_server(h.client(b"NOOP\n")) == b"NOOP\r\n"
+    assert opened() >> c(b"NOOP\n") << to_s(b"NOOP\r\n")
 
 
 def test_forwarded_line_is_the_client_line_verbatim() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
     line = b"mail from: <A@B.example> SIZE=100 BODY=8BITMIME \r\n"
-    assert to_server(h.client(line)) == line
+    assert opened() >> c(line) << to_s(line)
 
 
 @pytest.mark.parametrize("verb", [b"NOOP", b"RSET", b"VRFY postmaster", b"HELP", b"EXPN list"])
 def test_other_commands_are_relayed(verb: bytes) -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    assert to_server(h.client(verb + b"\r\n")) == verb + b"\r\n"
-    assert to_client(h.server(b"252 2.0.0 maybe\r\n")) == b"252 2.0.0 maybe\r\n"
+    assert (
+        opened()
+        >> c(verb + b"\r\n")
+        << to_s(verb + b"\r\n")
+        >> s(b"252 2.0.0 maybe\r\n")
+        << to_c(b"252 2.0.0 maybe\r\n")
+    )
 
 
 # ----------------------------------------------------------------- local refusals
 def test_http_request_is_answered_221_and_closed() -> None:
-    h = Harness()
-    h.connect()
-    out = h.client(b"GET / HTTP/1.1\r\nHost: mx.example\r\n\r\n")
-    assert statuses(out) == [(221, "2.7.0")]
-    assert to_server(out) == b""
-    assert of_type(out, act.CloseClient) == [act.CloseClient()]
+    assert (
+        greeted()
+        >> c(b"GET / HTTP/1.1\r\nHost: mx.example\r\n\r\n")
+        << to_c(HTTP_REFUSED)
+        << act.CloseServer()
+        << act.CloseClient()
+    )
 
 
 def test_http_header_line_alone() -> None:
-    h = Harness()
-    h.connect()
-    assert statuses(h.client(b"User-Agent: curl/8\r\n")) == [(221, "2.7.0")]
+    assert (
+        greeted()
+        >> c(b"User-Agent: curl/8\r\n")
+        << to_c(HTTP_REFUSED)
+        << act.CloseServer()
+        << act.CloseClient()
+    )
 
 
 def test_bdat_is_refused_and_the_session_closed() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    out = h.client(b"BDAT 12 LAST\r\nMAIL FROM:<a@b.example>\r\n")
-    assert statuses(out) == [(521, "5.5.1")]
-    assert to_server(out) == b""
-    assert h.relay.closed
+    assert (
+        opened()
+        >> c(b"BDAT 12 LAST\r\nMAIL FROM:<a@b.example>\r\n")
+        << to_c(BDAT_REFUSED)
+        << act.CloseServer()
+        << act.CloseClient()
+    )
 
 
 def test_auth_is_refused_and_redacted_in_the_log() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    out = h.client(b"AUTH PLAIN c2VjcmV0\r\n")
-    assert statuses(out) == [(502, "5.5.1")]
-    texts = [t for _, t in h.directions()]
+    book = opened() >> c(b"AUTH PLAIN c2VjcmV0\r\n") << to_c(NOT_IMPLEMENTED)
+    assert book
+    texts = [line.text for line in transcript(book)]
     assert "AUTH ****" in texts
     assert not any("c2VjcmV0" in t for t in texts)
 
 
 def test_too_many_errors() -> None:
-    h = Harness(config=RelayConfig(max_errors=3))
-    h.connect()
-    out = h.client(b"XFOO\r\n" * 5)
-    assert statuses(out) == [(502, "5.5.1")] * 3 + [(421, "4.7.0")]
-    assert h.relay.closed
+    assert (
+        greeted(RelayConfig(max_errors=3))
+        >> c(b"XFOO\r\n" * 5)
+        << to_c(NOT_IMPLEMENTED)
+        << to_c(NOT_IMPLEMENTED)
+        << to_c(NOT_IMPLEMENTED)
+        << to_c(TOO_MANY_ERRORS)
+        << act.CloseServer()
+        << act.CloseClient()
+    )
 
 
 def test_command_too_long_then_the_session_goes_on() -> None:
-    h = Harness(config=RelayConfig(max_command_line=64))
-    h.connect()
-    out = h.client(b"NOOP " + b"x" * 100 + b"\r\nNOOP\r\n")
-    assert statuses(out) == [(500, "5.5.2")]
-    assert to_server(out) == b"NOOP\r\n"
+    assert (
+        greeted(RelayConfig(max_command_line=64))
+        >> c(b"NOOP " + b"x" * 100 + b"\r\nNOOP\r\n")
+        << to_c(LINE_TOO_LONG)
+        << to_s(b"NOOP\r\n")
+    )
 
 
 def test_flood_without_line_end_closes() -> None:
-    h = Harness(config=RelayConfig(max_command_line=64, max_pending_input=1000))
-    h.connect()
-    out: list[act.Action] = []
-    for _ in range(5):
-        out += h.client(b"x" * 400)
-    assert statuses(out) == [(500, "5.5.2"), (421, "4.7.0")]
-    assert h.relay.closed
+    """A line over the limit is answered once, and its rest dropped as it comes; once more
+    than ``max_pending_input`` bytes were dropped, the next bytes end the session."""
+    assert (
+        greeted(RelayConfig(max_command_line=64, max_pending_input=1000))
+        >> c(b"x" * 400)
+        << to_c(LINE_TOO_LONG)
+        >> c(b"x" * 400)
+        >> c(b"x" * 400)  # 1200 dropped
+        >> c(b"x" * 400)
+        << to_c(FLOOD)
+        << act.CloseServer()
+        << act.CloseClient()
+        >> c(b"x" * 400)
+    )
 
 
 def test_control_character_in_a_command_is_not_forwarded() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    out = h.client(b"RCPT TO:<a@b.example>\rDATA\r\n")
-    assert statuses(out) == [(500, "5.5.2")]
-    assert to_server(out) == b""
+    assert (
+        opened()
+        >> c(b"RCPT TO:<a@b.example>\rDATA\r\n")
+        << to_c(b"500 5.5.2 Error: control character in command\r\n")
+    )
 
 
 def test_mail_size_over_our_limit_is_refused_locally() -> None:
-    h = Harness(config=RelayConfig(message_size_limit=1000))
-    h.connect()
-    h.ehlo()
-    out = h.client(b"MAIL FROM:<a@b.example> SIZE=1001\r\n")
-    assert statuses(out) == [(552, "5.3.4")]
-    assert to_server(out) == b""
-    assert to_server(h.client(b"MAIL FROM:<a@b.example> SIZE=1000\r\n")) != b""
+    assert (
+        opened(RelayConfig(message_size_limit=1000))
+        >> c(b"MAIL FROM:<a@b.example> SIZE=1001\r\n")
+        << to_c(SIZE_REFUSED)
+        >> c(b"MAIL FROM:<a@b.example> SIZE=1000\r\n")
+        << to_s(b"MAIL FROM:<a@b.example> SIZE=1000\r\n")
+    )
 
 
 def test_recipient_limit() -> None:
-    h = Harness(config=RelayConfig(max_recipients=2))
-    h.connect()
-    h.ehlo()
-    h.client(b"MAIL FROM:<a@b.example>\r\n")
-    h.server(b"250 Ok\r\n")
-    out = h.client(b"RCPT TO:<1@x.example>\r\nRCPT TO:<2@x.example>\r\nRCPT TO:<3@x.example>\r\n")
-    assert to_server(out) == b"RCPT TO:<1@x.example>\r\nRCPT TO:<2@x.example>\r\n"
-    out = h.server(b"250 Ok\r\n250 Ok\r\n")
-    assert statuses(out) == [(250, None), (250, None), (452, "4.5.3")]
+    assert (
+        opened(RelayConfig(max_recipients=2))
+        >> c(b"MAIL FROM:<a@b.example>\r\n")
+        << to_s(b"MAIL FROM:<a@b.example>\r\n")
+        >> s(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        >> c(b"RCPT TO:<1@x.example>\r\nRCPT TO:<2@x.example>\r\nRCPT TO:<3@x.example>\r\n")
+        << to_s(b"RCPT TO:<1@x.example>\r\n")
+        << to_s(b"RCPT TO:<2@x.example>\r\n")
+        >> s(b"250 Ok\r\n250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        << to_c(TOO_MANY_RCPTS)
+    )
 
 
 def test_pipelined_commands_in_flight_are_capped() -> None:
-    """A client pipelining without limit is not read further: the shell's backpressure holds."""
-    h = Harness(config=RelayConfig(max_in_flight=10))
-    h.connect()
-    h.ehlo()
-    out = h.client(b"NOOP\r\n" * 25)
-    assert to_server(out) == b"NOOP\r\n" * 10
-    assert h.relay.client_backlog == 15 * 6
-    out = h.server(b"250 Ok\r\n" * 4)
-    assert codes(out) == [250] * 4
-    assert to_server(out) == b"NOOP\r\n" * 4
-    forwarded, answered = 14, 4
-    while answered < 25:  # the MX answers what it has; the relay reads on as replies leave
-        waiting = forwarded - answered
-        assert 0 < waiting <= 10
-        out = h.server(b"250 Ok\r\n" * waiting)
-        assert codes(out) == [250] * waiting
-        answered += waiting
-        forwarded += len(to_server(out)) // 6
-    assert forwarded == 25
-    assert h.relay.client_backlog == 0
+    """A client pipelining without limit is not read further: the shell's backpressure holds.
+
+    25 NOOPs at once, at most 10 in flight: 10 go out; each batch of replies lets as many
+    more be read (4, 10, then the last 1), and the backlog drains."""
+    book = opened(RelayConfig(max_in_flight=10)) >> c(b"NOOP\r\n" * 25)
+    relay = book.relay
+    for _ in range(10):
+        book << to_s(b"NOOP\r\n")
+    assert book
+    assert relay.client_backlog == 15 * len(b"NOOP\r\n")
+    for answered, read_on in [(4, 4), (10, 10), (10, 1), (1, 0)]:
+        book >> s(b"250 Ok\r\n" * answered)
+        for _ in range(answered):
+            book << to_c(b"250 Ok\r\n")
+        for _ in range(read_on):
+            book << to_s(b"NOOP\r\n")
+        assert book
+    assert relay.client_backlog == 0
+    assert relay.replies_owed == 0
 
 
-def _scripted_session(fast: bool) -> list[act.Action]:
-    """One session (with a pipelined burst and a body split mid-line), via either entry."""
-    relay = Relay(config=RelayConfig(), session_id="s1", client="c:1", destination="d:25", now=0.0)
-    actions = relay.start() + relay.handle(ev.ServerConnected("s:2"), 1.0)
-    script: list[tuple[bool, bytes]] = [
-        (False, GREETING),
-        (True, b"EHLO me\r\n"),
-        (False, EHLO_PLAIN),
-        (True, b"MAIL FROM:<a@b>\r\nRCPT TO:<c@d>\r\nDATA\r\n"),
-        (False, b"250 ok\r\n250 ok\r\n354 go\r\n"),
-        (True, b"Subject: x\r\n\r\nbo"),
-        (True, b"dy\r\n.\r\nQUIT\r\n"),
-        (False, b"250 queued\r\n"),
-        (False, b"221 bye\r\n"),
-    ]
-    for n, (from_client, data) in enumerate(script, start=2):
-        if not fast:
-            event: ev.Event = ev.ClientData(data) if from_client else ev.ServerData(data)
-            actions += relay.handle(event, float(n))
-        elif from_client:
-            actions += relay.client_data(data, float(n))
-        else:
-            actions += relay.server_data(data, float(n))
-    assert relay.closed
-    return actions
+def test_quit_with_more_input_behind_it_still_lingers() -> None:
+    """A client that keeps talking after QUIT: its unread bytes call for a lingering close."""
+    assert (
+        opened()
+        >> c(b"QUIT\r\nNOOP\r\n")
+        << to_s(b"QUIT\r\n")
+        >> s(b"221 2.0.0 Bye\r\n")
+        << to_c(b"221 2.0.0 Bye\r\n")
+        << act.CloseServer()
+        << act.CloseClient(linger=True)
+    )
+
+
+# ----------------------------------------------------------------- the two entries
+def scripted_session(fast: bool) -> Playbook:
+    """One session (a pipelined burst, a body split mid-line), through either entry."""
+    return (
+        Playbook(new_relay(), fast=fast)
+        >> START
+        << act.ConnectServer()
+        >> CONNECTED
+        >> s(GREETING)
+        << to_c(GREETING)
+        >> c(b"EHLO me\r\n")
+        << to_s(b"EHLO me\r\n")
+        >> s(b"250-mx.example\r\n250 PIPELINING\r\n")
+        << to_c(b"250-mx.example\r\n250 PIPELINING\r\n")
+        >> c(b"MAIL FROM:<a@b>\r\nRCPT TO:<c@d>\r\nDATA\r\n")
+        << to_s(b"MAIL FROM:<a@b>\r\n")
+        << to_s(b"RCPT TO:<c@d>\r\n")
+        << to_s(b"DATA\r\n")
+        >> s(b"250 ok\r\n250 ok\r\n354 go\r\n")
+        << to_c(b"250 ok\r\n")
+        << to_c(b"250 ok\r\n")
+        << to_c(b"354 go\r\n")
+        >> c(b"Subject: x\r\n\r\nbo")
+        << to_s(b"Subject: x\r\n\r\nbo")
+        >> c(b"dy\r\n.\r\nQUIT\r\n")
+        << to_s(b"dy\r\n.\r\n")
+        >> s(b"250 queued\r\n")
+        << to_c(b"250 queued\r\n")
+        << to_s(b"QUIT\r\n")
+        >> s(b"221 bye\r\n")
+        << to_c(b"221 bye\r\n")
+        << act.CloseServer()
+        << act.CloseClient(linger=False)
+    )
 
 
 def test_data_fast_paths_act_exactly_like_handle() -> None:
-    """The shell's hot path (client_data/server_data) is ``handle`` without the event."""
-    assert _scripted_session(fast=True) == _scripted_session(fast=False)
+    """The shell's hot path (client_data/server_data) is ``handle`` without the event:
+    the same script, and the same actions to the last log record and timer."""
+    fast, slow = scripted_session(fast=True), scripted_session(fast=False)
+    assert fast
+    assert slow
+    assert fast.seen == slow.seen
 
 
 def test_data_fast_paths_do_nothing_once_closed() -> None:
-    relay = Relay(config=RelayConfig(), session_id="s1", client="c", destination="d", now=0.0)
-    relay.start()
-    relay.handle(ev.ServerConnectFailed("refused"), 1.0)
-    assert relay.closed
-    assert relay.client_data(b"EHLO me\r\n", 2.0) == []
-    assert relay.server_data(b"220 hi\r\n", 2.0) == []
+    assert (
+        Playbook(new_relay(), fast=True)
+        >> START
+        << act.ConnectServer()
+        >> ev.ServerConnectFailed("refused")
+        << to_c(UNREACHABLE)
+        << act.CloseClient()
+        >> c(b"EHLO me\r\n")
+        >> s(b"220 hi\r\n")
+    )
 
 
 def test_unknown_event_is_refused_loudly() -> None:
     """A shell bug, not a state: the shell turns the exception into 421 4.3.0."""
-    relay = Relay(config=RelayConfig(), session_id="s9", client="c", destination="d", now=0.0)
-    assert relay.session_id == "s9"
-    relay.start()
+    relay = new_relay()
+    assert relay.session_id == "sess-1"
+    book = Playbook(relay) >> START << act.ConnectServer()
+    assert book
     with pytest.raises(AssertionError):
         relay.handle(object(), 2.0)  # type: ignore[arg-type]
-    actions = relay.handle(ev.InternalError("AssertionError"), 3.0)
-    assert statuses(actions) == [(421, "4.3.0")]
+    assert book >> ev.InternalError("AssertionError") << to_c(INTERNAL_ERROR) << act.CloseClient()
     assert relay.closed
 
 
 def test_long_sessions_hand_over_transcript_lines_in_chunks() -> None:
-    from mailsluice.relay.records import CHUNK_LINES, Record, TranscriptChunk
-
-    relay = Relay(config=RelayConfig(), session_id="s1", client="c", destination="d", now=0.0)
-    relay.start()
-    relay.handle(ev.ServerConnected("s:2"), 1.0)
-    relay.server_data(GREETING, 1.0)
-    chunks: list[Record] = []
-    for n in range(CHUNK_LINES):  # each NOOP logs two lines (command, reply); 2 more came first
-        actions = relay.client_data(b"NOOP\r\n", 2.0 + n)
-        actions += relay.server_data(b"250 2.0.0 Ok\r\n", 2.0 + n)
-        chunks += [a.record for a in of_type(actions, act.Log)]
-    assert not relay.closed
-    assert [len(c.lines) for c in chunks if isinstance(c, TranscriptChunk)] == [CHUNK_LINES] * 2
-    assert len(chunks) == 2
+    """Lines are handed over every ``CHUNK_LINES``: 2 before the NOOPs, 2 per NOOP."""
+    book = greeted()
+    for _ in range(CHUNK_LINES):
+        book = book >> c(b"NOOP\r\n") << to_s(b"NOOP\r\n")
+        book = book >> s(b"250 2.0.0 Ok\r\n") << to_c(b"250 2.0.0 Ok\r\n")
+    assert book
+    logged = [a.record for a in book.seen if isinstance(a, act.Log)]
+    assert [type(r) for r in logged] == [SessionOpened, TranscriptChunk, TranscriptChunk]
+    assert [len(r.lines) for r in logged[1:]] == [CHUNK_LINES, CHUNK_LINES]  # type: ignore[union-attr]
 
 
-def test_closing_twice_emits_nothing_more() -> None:
-    relay = Relay(config=RelayConfig(), session_id="s1", client="c", destination="d", now=0.0)
-    relay.start()
-    relay.handle(ev.ServerConnectFailed("refused"), 1.0)
-    assert relay.closed
-    relay._out = []
-    relay._close("again")
-    assert relay._out == []
-
-
-def test_quit_with_more_input_behind_it_still_lingers() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo(EHLO_PLAIN)
-    out = h.client(b"QUIT\r\nNOOP\r\n")  # a client that keeps talking after QUIT
-    assert to_server(out) == b"QUIT\r\n"
-    out = h.server(b"221 2.0.0 Bye\r\n")
-    assert of_type(out, act.CloseClient) == [act.CloseClient(linger=True)]
+@pytest.mark.parametrize(
+    "event",
+    [
+        ev.ServerConnectFailed("again"),
+        ev.ServerClosed("reset"),
+        ev.ClientClosed(),
+        ev.ClientEof(),
+        ev.TimerExpired(),
+        ev.ShutdownRequested(),
+        ev.ShutdownForced(),
+        ev.InternalError("late"),
+        ev.FilterDecided(None),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_closing_twice_emits_nothing_more(event: ev.Event) -> None:
+    """Once closed, an event that would end the session again does nothing: no second
+    reply, close, log record or timer."""
+    book = (
+        Playbook(new_relay())
+        >> START
+        << act.ConnectServer()
+        >> ev.ServerConnectFailed("refused")
+        << to_c(UNREACHABLE)
+        << act.CloseClient()
+    )
+    assert book
+    closed = len(book.seen)
+    assert book >> event
+    assert len(book.seen) == closed

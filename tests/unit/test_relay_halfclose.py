@@ -9,73 +9,37 @@ still come from the MX and reach it; only a lost connection is the ambiguous cas
 from __future__ import annotations
 
 import pytest
-from tests.unit.playbook import START, Playbook, c, s, to_c, to_s
-from tests.unit.relay_harness import records
+from tests.unit.playbook import (
+    START,
+    Playbook,
+    c,
+    closing,
+    notes,
+    s,
+    sent_to_server,
+    to_c,
+    to_s,
+    transactions,
+)
+from tests.unit.relay_wire import (
+    BODY,
+    CONNECTED,
+    EHLO_REPLY,
+    GREETING,
+    MAIL,
+    RCPT,
+    dialled,
+    in_body,
+    in_body_filtered,
+    new_relay,
+    opened,
+)
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
-from mailsluice.relay.machine import Relay
-from mailsluice.relay.records import Direction, SessionClosed, TransactionEnded, TranscriptLine
 
 pytestmark = pytest.mark.unit
-
-GREETING = b"220 mx.example ESMTP\r\n"
-EHLO = b"250-mx.example\r\n250-PIPELINING\r\n250 8BITMIME\r\n"
-MAIL = b"MAIL FROM:<a@client.example>\r\n"
-RCPT = b"RCPT TO:<b@mx.example>\r\n"
-BODY = b"Subject: t\r\n\r\nhello\r\n"
-
-
-def relay(config: RelayConfig | None = None) -> Relay:
-    return Relay(
-        config=config or RelayConfig(),
-        session_id="sess-1",
-        client="192.0.2.10:40000",
-        destination="198.51.100.25:25",
-        now=1_000.0,
-    )
-
-
-def opened(config: RelayConfig | None = None) -> Playbook:
-    """Connected, greeted and past EHLO, with no transaction."""
-    return (
-        Playbook(relay(config))
-        >> START
-        << act.ConnectServer()
-        >> ev.ServerConnected("203.0.113.5:50000")
-        >> s(GREETING)
-        << to_c(GREETING)
-        >> c(b"EHLO client.example\r\n")
-        << to_s(b"EHLO client.example\r\n")
-        >> s(EHLO)
-        << to_c(EHLO)
-    )
-
-
-def in_body(config: RelayConfig | None = None) -> Playbook:
-    """MAIL, RCPT and DATA accepted: the relay streams the body."""
-    return (
-        opened(config)
-        >> c(MAIL + RCPT + b"DATA\r\n")
-        << to_s(MAIL)
-        << to_s(RCPT)
-        << to_s(b"DATA\r\n")
-        >> s(b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n354 go ahead\r\n")
-        << to_c(b"250 2.1.0 Ok\r\n")
-        << to_c(b"250 2.1.5 Ok\r\n")
-        << to_c(b"354 go ahead\r\n")
-    )
-
-
-def closing_reason(book: Playbook) -> str:
-    [closed] = [r for r in records(book.seen) if isinstance(r, SessionClosed)]
-    return closed.reason
-
-
-def notes(book: Playbook) -> list[str]:
-    lines = [r for r in records(book.seen) if isinstance(r, TranscriptLine)]
-    return [line.text for line in lines if line.direction is Direction.NOTE]
 
 
 def test_dot_and_quit_in_one_write_then_half_close_get_both_replies() -> None:
@@ -94,8 +58,8 @@ def test_dot_and_quit_in_one_write_then_half_close_get_both_replies() -> None:
         << act.CloseClient(linger=False)
     )
     assert book
-    assert closing_reason(book) == "quit"
-    [txn] = [r for r in records(book.seen) if isinstance(r, TransactionEnded)]
+    assert closing(book).reason == "quit"
+    [txn] = transactions(book)
     assert (txn.outcome, txn.reply_code) == ("delivered", 250)
     assert not any("twice" in note for note in notes(book))
 
@@ -114,7 +78,7 @@ def test_half_close_after_the_dot_with_no_quit_still_gets_the_reply() -> None:
         << act.CloseClient(linger=False)
     )
     assert book
-    assert closing_reason(book) == "client-closed"
+    assert closing(book).reason == "client-closed"
 
 
 def test_pipelined_envelope_before_half_close_is_answered_in_order() -> None:
@@ -146,37 +110,26 @@ def test_half_close_when_idle_says_quit_upstream_and_closes() -> None:
         << act.CloseClient(linger=False)
     )
     assert book
-    assert closing_reason(book) == "client-closed"
+    assert closing(book).reason == "client-closed"
 
 
 def test_half_close_before_the_greeting_with_nothing_sent_ends_at_once() -> None:
     """A client that can send nothing more has no use for the greeting: no waiting."""
-    book = (
-        Playbook(relay())
-        >> START
-        << act.ConnectServer()
-        >> ev.ServerConnected("203.0.113.5:50000")
-        >> ev.ClientEof()
-        << act.CloseServer()
-        << act.CloseClient(linger=False)
-    )
+    book = dialled() >> ev.ClientEof() << act.CloseServer() << act.CloseClient(linger=False)
     assert book
     assert "client closed before the greeting, having sent nothing" in notes(book)
 
 
 def test_commands_pipelined_before_the_greeting_then_half_close_are_answered() -> None:
     book = (
-        Playbook(relay())
-        >> START
-        << act.ConnectServer()
-        >> ev.ServerConnected("203.0.113.5:50000")
+        dialled()
         >> c(b"EHLO early.example\r\n")
         >> ev.ClientEof()
         >> s(GREETING)
         << to_c(GREETING)
         << to_s(b"EHLO early.example\r\n")
-        >> s(EHLO)
-        << to_c(EHLO)
+        >> s(EHLO_REPLY)
+        << to_c(EHLO_REPLY)
         << to_s(b"QUIT\r\n")
         << act.CloseServer()
         << act.CloseClient(linger=False)
@@ -195,8 +148,8 @@ def test_half_close_in_the_middle_of_the_body_never_sends_the_dot() -> None:
         << act.CloseClient(linger=False)
     )
     assert book
-    assert b".\r\n" not in b"".join(a.data for a in book.seen if isinstance(a, act.SendToServer))
-    [txn] = [r for r in records(book.seen) if isinstance(r, TransactionEnded)]
+    assert b".\r\n" not in sent_to_server(book)
+    [txn] = transactions(book)
     assert txn.outcome == "aborted"
 
 
@@ -264,11 +217,11 @@ def test_client_connection_lost_after_half_close_ends_the_session() -> None:
 def test_while_waiting_for_the_dot_reply_the_mx_timeout_applies() -> None:
     timeouts = RelayConfig().timeouts
     book = (
-        Playbook(relay(), ignore=(act.Log,))
+        Playbook(new_relay(), ignore=(act.Log,))
         >> START
         << act.ConnectServer()
         << act.SetTimer(timeouts.connect + timeouts.greeting, on_server=True)
-        >> ev.ServerConnected("203.0.113.5:50000")
+        >> CONNECTED
         << act.SetTimer(timeouts.greeting, on_server=True)
         >> s(GREETING)
         << to_c(GREETING)
@@ -319,19 +272,6 @@ def test_filter_mode_half_close_while_the_filters_run_still_relays() -> None:
     assert book
 
 
-def in_body_filtered() -> Playbook:
-    return (
-        opened(RelayConfig(filtering=True))
-        >> c(MAIL + RCPT + b"DATA\r\n")
-        << to_s(MAIL)
-        << to_s(RCPT)
-        >> s(b"250 Ok\r\n250 Ok\r\n")
-        << to_c(b"250 Ok\r\n")
-        << to_c(b"250 Ok\r\n")
-        << to_c(b"354 End data with <CR><LF>.<CR><LF>\r\n")
-    )
-
-
 # ----------------------------------------------------------------- the MX half-closes
 def test_mx_that_half_closes_after_its_last_reply_does_not_lose_it() -> None:
     """The MX sends its 250 and then its end of stream, without waiting for QUIT."""
@@ -347,7 +287,7 @@ def test_mx_that_half_closes_after_its_last_reply_does_not_lose_it() -> None:
         << act.CloseClient(linger=False)
     )
     assert book
-    [txn] = [r for r in records(book.seen) if isinstance(r, TransactionEnded)]
+    [txn] = transactions(book)
     assert (txn.outcome, txn.reply_code) == ("delivered", 250)
 
 

@@ -1,10 +1,43 @@
-"""The relay's log records: session opened/closed, the transcript, one record per transaction."""
+"""The relay's log records: session opened/closed, the transcript, one record per transaction.
+
+The records are the relay's public output (``Log`` actions): the playbooks leave them out
+of the comparison and the tests read them back from ``seen``.
+"""
 
 from __future__ import annotations
 
 import pytest
-from tests.unit.relay_harness import EHLO_AFTER_TLS, EHLO_TLS, Harness, records, to_server
+from tests.unit.playbook import (
+    START,
+    Playbook,
+    c,
+    closing,
+    notes,
+    records,
+    s,
+    to_c,
+    to_s,
+    transactions,
+    transcript,
+    wait,
+)
+from tests.unit.relay_wire import (
+    CONNECTED,
+    DATA,
+    EHLO,
+    EHLO_AFTER_TLS,
+    EHLO_AFTER_TLS_SHOWN,
+    EHLO_TLS,
+    GREETING,
+    LOST,
+    MAIL,
+    QUIT,
+    RCPT,
+    new_relay,
+    opened,
+)
 
+from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import outcome_of
 from mailsluice.relay.config import RelayConfig
@@ -19,43 +52,66 @@ from mailsluice.smtp.replies import Reply
 
 pytestmark = pytest.mark.unit
 
-
-def ended(h: Harness) -> list[TransactionEnded]:
-    return [r for r in records(h.log) if isinstance(r, TransactionEnded)]
-
-
-def closed(h: Harness) -> SessionClosed:
-    last = records(h.log)[-1]
-    assert isinstance(last, SessionClosed)
-    return last
+RCPTS = [b"RCPT TO:<r1@mx.example>\r\n", b"RCPT TO:<r2@mx.example>\r\n",
+         b"RCPT TO:<r3@mx.example>\r\n"]  # fmt: skip
 
 
-def full_session(h: Harness) -> None:
-    h.connect()
-    h.client(b"EHLO client.example\r\n")
-    h.server(
-        EHLO_TLS,
+def full_session() -> Playbook:
+    """STARTTLS, three recipients (one refused), one message, QUIT. The clock moves only
+    where it says: the 354 comes 0.31 s after the start."""
+    return (
+        Playbook(new_relay(), step=0.0)
+        >> START
+        << act.ConnectServer()
+        >> wait(0.01)
+        >> CONNECTED
+        >> s(GREETING)
+        << to_c(GREETING)
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(EHLO_TLS)
+        << to_s(b"STARTTLS\r\n")
+        >> s(b"220 go\r\n")
+        << act.StartServerTls()
+        >> wait(0.05)
+        >> ev.TlsStarted("TLSv1.3", "TLS_AES_128_GCM_SHA256", True)
+        << to_s(EHLO)
+        >> s(EHLO_AFTER_TLS)
+        << to_c(EHLO_AFTER_TLS_SHOWN)
+        >> c(b"MAIL FROM:<s@client.example>\r\n")
+        << to_s(b"MAIL FROM:<s@client.example>\r\n")
+        >> s(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        >> c(b"".join(RCPTS))
+        << to_s(RCPTS[0])
+        << to_s(RCPTS[1])
+        << to_s(RCPTS[2])
+        >> s(b"250 Ok\r\n550 5.1.1 unknown\r\n250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        << to_c(b"550 5.1.1 unknown\r\n")
+        << to_c(b"250 Ok\r\n")
+        >> c(DATA)
+        << to_s(DATA)
+        >> wait(0.25)
+        >> s(b"354 go\r\n")
+        << to_c(b"354 go\r\n")
+        >> c(b"Subject: x\r\n\r\nbody\r\n.\r\n")
+        << to_s(b"Subject: x\r\n\r\nbody\r\n.\r\n")
+        >> s(b"250 2.0.0 queued as X\r\n")
+        << to_c(b"250 2.0.0 queued as X\r\n")
+        >> c(QUIT)
+        << to_s(QUIT)
+        >> s(b"221 Bye\r\n")
+        << to_c(b"221 Bye\r\n")
+        << act.CloseServer()
+        << act.CloseClient(linger=False)
     )
-    h.server(b"220 go\r\n")
-    h.step(ev.TlsStarted("TLSv1.3", "TLS_AES_128_GCM_SHA256", True), advance=0.05)
-    h.server(EHLO_AFTER_TLS)
-    h.client(b"MAIL FROM:<s@client.example>\r\n")
-    h.server(b"250 Ok\r\n")
-    h.client(b"RCPT TO:<r1@mx.example>\r\nRCPT TO:<r2@mx.example>\r\nRCPT TO:<r3@mx.example>\r\n")
-    h.server(b"250 Ok\r\n550 5.1.1 unknown\r\n250 Ok\r\n")
-    h.client(b"DATA\r\n")
-    h.now += 0.25
-    h.server(b"354 go\r\n")
-    h.client(b"Subject: x\r\n\r\nbody\r\n.\r\n")
-    h.server(b"250 2.0.0 queued as X\r\n")
-    h.client(b"QUIT\r\n")
-    h.server(b"221 Bye\r\n")
 
 
 def test_session_opened_comes_first() -> None:
-    h = Harness()
-    first = records(h.started)[0]
-    assert first == SessionOpened(
+    book = Playbook(new_relay()) >> START << act.ConnectServer()
+    assert book
+    assert records(book.seen)[0] == SessionOpened(
         session_id="sess-1",
         at=1_000.0,
         client="192.0.2.10:40000",
@@ -65,9 +121,9 @@ def test_session_opened_comes_first() -> None:
 
 
 def test_transcript_sequence_and_directions() -> None:
-    h = Harness()
-    full_session(h)
-    lines = h.transcript()
+    book = full_session()
+    assert book
+    lines = transcript(book)
     assert [r.seq for r in lines] == list(range(1, len(lines) + 1))
     assert all(r.session_id == "sess-1" for r in lines)
     assert [r.at for r in lines] == sorted(r.at for r in lines)
@@ -85,14 +141,13 @@ def test_transcript_sequence_and_directions() -> None:
         (Direction.CLIENT_TO_SERVER, "QUIT"),
         (Direction.SERVER_TO_CLIENT, "221 Bye"),
     ]
-    notes = [r.text for r in lines if r.direction is Direction.NOTE]
-    assert any("TLS established: TLSv1.3" in n for n in notes)
+    assert any("TLS established: TLSv1.3" in n for n in notes(book))
 
 
 def test_transaction_record() -> None:
-    h = Harness()
-    full_session(h)
-    (txn,) = ended(h)
+    book = full_session()
+    assert book
+    (txn,) = transactions(book)
     assert txn.seq == 1
     assert txn.mail_from == "s@client.example"
     assert txn.rcpt_to == ("r1@mx.example", "r2@mx.example", "r3@mx.example")
@@ -103,9 +158,9 @@ def test_transaction_record() -> None:
 
 
 def test_session_closed_record() -> None:
-    h = Harness()
-    full_session(h)
-    record = closed(h)
+    book = full_session()
+    assert book
+    record = closing(book)
     assert record.helo == "client.example"
     assert (record.tls_version, record.tls_cipher, record.tls_verified) == (
         "TLSv1.3",
@@ -117,71 +172,101 @@ def test_session_closed_record() -> None:
 
 
 def test_plaintext_session_has_no_tls_fields_and_no_354() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    h.step(ev.ClientClosed())
-    record = closed(h)
+    book = opened() >> ev.ClientClosed() << to_s(QUIT) << act.CloseServer() << act.CloseClient()
+    assert book
+    record = closing(book)
     assert (record.tls_version, record.tls_cipher, record.tls_verified) == (None, None, None)
     assert (record.connect_to_354_ms, record.messages, record.reason) == (None, 0, "client-closed")
 
 
 def test_rset_aborts_the_transaction() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    h.client(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nRSET\r\n")
-    h.server(b"250 Ok\r\n250 Ok\r\n250 Ok\r\n")
-    (txn,) = ended(h)
+    book = (
+        opened()
+        >> c(MAIL + RCPT + b"RSET\r\n")
+        << to_s(MAIL)
+        << to_s(RCPT)
+        << to_s(b"RSET\r\n")
+        >> s(b"250 Ok\r\n250 Ok\r\n250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+    )
+    assert book
+    (txn,) = transactions(book)
     assert (txn.outcome, txn.reply_code, txn.rcpt_to) == ("aborted", None, ("b@mx.example",))
 
 
 def test_rejected_mail_from() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    h.client(b"MAIL FROM:<a@c.example>\r\n")
-    h.server(b"553 5.7.1 sender rejected\r\n")
-    (txn,) = ended(h)
+    book = (
+        opened()
+        >> c(MAIL)
+        << to_s(MAIL)
+        >> s(b"553 5.7.1 sender rejected\r\n")
+        << to_c(b"553 5.7.1 sender rejected\r\n")
+    )
+    assert book
+    (txn,) = transactions(book)
     assert (txn.outcome, txn.reply_code) == ("rejected", 553)
 
 
 def test_deferred_message_and_a_second_transaction() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
+    book = opened()
     for verdict in (b"451 4.3.0 later\r\n", b"250 Ok\r\n"):
-        h.client(b"MAIL FROM:<a@c.example>\r\nRCPT TO:<b@mx.example>\r\nDATA\r\n")
-        h.server(b"250 Ok\r\n250 Ok\r\n354 go\r\n")
-        h.client(b"x\r\n.\r\n")
-        h.server(verdict)
-    assert [(t.seq, t.outcome) for t in ended(h)] == [(1, "deferred"), (2, "delivered")]
-    h.step(ev.ClientClosed())
-    assert closed(h).messages == 1
+        book = (
+            book
+            >> c(MAIL + RCPT + DATA)
+            << to_s(MAIL)
+            << to_s(RCPT)
+            << to_s(DATA)
+            >> s(b"250 Ok\r\n250 Ok\r\n354 go\r\n")
+            << to_c(b"250 Ok\r\n")
+            << to_c(b"250 Ok\r\n")
+            << to_c(b"354 go\r\n")
+            >> c(b"x\r\n.\r\n")
+            << to_s(b"x\r\n.\r\n")
+            >> s(verdict)
+            << to_c(verdict)
+        )
+    assert book
+    assert [(t.seq, t.outcome) for t in transactions(book)] == [(1, "deferred"), (2, "delivered")]
+    assert book >> ev.ClientClosed() << to_s(QUIT) << act.CloseServer() << act.CloseClient()
+    assert closing(book).messages == 1
 
 
 def test_a_session_lost_mid_transaction_records_an_aborted_transaction() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    h.client(b"MAIL FROM:<a@c.example>\r\n")
-    h.server(b"250 Ok\r\n")
-    h.step(ev.ServerClosed("reset"))
-    (txn,) = ended(h)
+    book = (
+        opened()
+        >> c(MAIL)
+        << to_s(MAIL)
+        >> s(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        >> ev.ServerClosed("reset")
+        << to_c(LOST)
+        << act.CloseClient()
+    )
+    assert book
+    (txn,) = transactions(book)
     assert txn.outcome == "aborted"
-    assert closed(h).final_code == 421
+    assert closing(book).final_code == 421
 
 
 def test_smtputf8_addresses_are_logged_readably() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    h.client("MAIL FROM:<jörg@bücher.example> SMTPUTF8\r\n".encode())
-    h.server(b"250 Ok\r\n")
-    h.client(b"RCPT TO:<\xff@x.example>\r\n")
-    h.server(b"250 Ok\r\n")
-    h.client(b"RSET\r\n")
-    (txn,) = ended(h)
+    mail = "MAIL FROM:<jörg@bücher.example> SMTPUTF8\r\n".encode()
+    book = (
+        opened()
+        >> c(mail)
+        << to_s(mail)
+        >> s(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        >> c(b"RCPT TO:<\xff@x.example>\r\n")
+        << to_s(b"RCPT TO:<\xff@x.example>\r\n")
+        >> s(b"250 Ok\r\n")
+        << to_c(b"250 Ok\r\n")
+        >> c(b"RSET\r\n")
+        << to_s(b"RSET\r\n")
+    )
+    assert book
+    (txn,) = transactions(book)
     assert txn.mail_from == "jörg@bücher.example"
     assert txn.rcpt_to == ("\\xff@x.example",)
 
@@ -194,24 +279,21 @@ def test_outcome_of(code: int, outcome: str) -> None:
 
 
 def test_every_record_is_for_this_session() -> None:
-    h = Harness()
-    full_session(h)
-    for record in records(h.log):
-        assert record.session_id == "sess-1"
-    assert isinstance(records(h.log)[0], SessionOpened)
-    assert sum(isinstance(r, SessionClosed) for r in records(h.log)) == 1
+    book = full_session()
+    assert book
+    emitted = records(book.seen)
+    assert all(record.session_id == "sess-1" for record in emitted)
+    assert isinstance(emitted[0], SessionOpened)
+    assert sum(isinstance(r, SessionClosed) for r in emitted) == 1
     assert all(isinstance(r, TranscriptLine | SessionOpened | SessionClosed | TransactionEnded)
-               for r in records(h.log))  # fmt: skip
+               for r in emitted)  # fmt: skip
+    assert book.relay.take_log() == []  # nothing held back after the close
 
 
 def test_tolerated_violations_are_flagged_in_the_transcript() -> None:
-    h = Harness()
-    h.connect()
-    h.ehlo()
-    out = h.client(b"MAIL FROM: <a@b.example>\r\n")
-    assert to_server(out) == b"MAIL FROM: <a@b.example>\r\n"  # forwarded as sent
-    notes = [text for direction, text in h.directions() if direction is Direction.NOTE]
-    assert "tolerated RFC 5321 violation: space-after-colon" in notes
+    book = opened() >> c(b"MAIL FROM: <a@b.example>\r\n") << to_s(b"MAIL FROM: <a@b.example>\r\n")
+    assert book  # forwarded as sent
+    assert "tolerated RFC 5321 violation: space-after-colon" in notes(book)
 
 
 @pytest.mark.parametrize(
@@ -221,19 +303,30 @@ def test_tolerated_violations_are_flagged_in_the_transcript() -> None:
         (b"Subject: only headers\r\n", "<headers>\nSubject: only headers"),
     ],
 )
-def test_headers_are_logged_only_when_asked_and_never_the_body(body: bytes, expected: str) -> None:
-    for log_headers in (False, True):
-        h = Harness(config=RelayConfig(log_headers=log_headers))
-        h.connect()
-        h.ehlo()
-        h.client(b"MAIL FROM:<a@b.example>\r\n")
-        h.server(b"250 ok\r\n")
-        h.client(b"RCPT TO:<c@d.example>\r\n")
-        h.server(b"250 ok\r\n")
-        h.client(b"DATA\r\n")
-        h.server(b"354 go\r\n")
-        h.client(body[:7])  # split inside the header section
-        h.client(body[7:] + b".\r\n")
-        texts = [text for _, text in h.directions()]
-        assert (expected in texts) is log_headers
-        assert not any("secret body" in text for text in texts)
+@pytest.mark.parametrize("log_headers", [False, True])
+def test_headers_are_logged_only_when_asked_and_never_the_body(
+    body: bytes, expected: str, log_headers: bool
+) -> None:
+    book = (
+        opened(RelayConfig(log_headers=log_headers))
+        >> c(b"MAIL FROM:<a@b.example>\r\n")
+        << to_s(b"MAIL FROM:<a@b.example>\r\n")
+        >> s(b"250 ok\r\n")
+        << to_c(b"250 ok\r\n")
+        >> c(b"RCPT TO:<c@d.example>\r\n")
+        << to_s(b"RCPT TO:<c@d.example>\r\n")
+        >> s(b"250 ok\r\n")
+        << to_c(b"250 ok\r\n")
+        >> c(DATA)
+        << to_s(DATA)
+        >> s(b"354 go\r\n")
+        << to_c(b"354 go\r\n")
+        >> c(body[:7])  # split inside the header section
+        << to_s(body[:7])
+        >> c(body[7:] + b".\r\n")
+        << to_s(body[7:] + b".\r\n")
+    )
+    assert book
+    texts = [line.text for line in transcript(book)]
+    assert (expected in texts) is log_headers
+    assert not any("secret body" in text for text in texts)

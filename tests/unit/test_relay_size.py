@@ -11,33 +11,18 @@ MX sees anything, and a body above it gets 552 at its end (``test_relay_body``).
 from __future__ import annotations
 
 import pytest
-from tests.unit.playbook import START, Playbook, c, s, to_c, to_s
+from tests.unit.playbook import Playbook, c, s, to_c, to_s
+from tests.unit.relay_wire import greeted
 
-from mailsluice.relay import actions as act
-from mailsluice.relay import events as ev
 from mailsluice.relay.config import RelayConfig
-from mailsluice.relay.machine import Relay
 
 pytestmark = pytest.mark.unit
 
-GREETING = b"220 mx.example ESMTP\r\n"
 
-
-def greeted(limit: int, mx_ehlo: bytes) -> Playbook:
-    relay = Relay(
-        config=RelayConfig(message_size_limit=limit),
-        session_id="sess-1",
-        client="192.0.2.10:40000",
-        destination="198.51.100.25:25",
-        now=1_000.0,
-    )
+def ehlo_answered(limit: int, mx_ehlo: bytes) -> Playbook:
+    """Greeted; the client's EHLO relayed and the MX's reply in (the client's next)."""
     return (
-        Playbook(relay)
-        >> START
-        << act.ConnectServer()
-        >> ev.ServerConnected("203.0.113.5:50000")
-        >> s(GREETING)
-        << to_c(GREETING)
+        greeted(RelayConfig(message_size_limit=limit))
         >> c(b"EHLO msa.example\r\n")
         << to_s(b"EHLO msa.example\r\n")
         >> s(mx_ehlo)
@@ -54,20 +39,20 @@ def greeted(limit: int, mx_ehlo: bytes) -> Playbook:
 )
 def test_the_mxs_size_is_clamped_to_ours(mx_size: bytes, shown: bytes) -> None:
     mx_ehlo = b"250-mx.example\r\n250-PIPELINING\r\n250-" + mx_size + b"\r\n250 8BITMIME\r\n"
-    assert greeted(10_240_000, mx_ehlo) << to_c(
+    assert ehlo_answered(10_240_000, mx_ehlo) << to_c(
         b"250-mx.example\r\n250-PIPELINING\r\n250-" + shown + b"\r\n250 8BITMIME\r\n"
     )
 
 
 def test_size_is_not_invented_for_an_mx_without_it() -> None:
     mx_ehlo = b"250-mx.example\r\n250-PIPELINING\r\n250 8BITMIME\r\n"
-    assert greeted(10_240_000, mx_ehlo) << to_c(mx_ehlo)
+    assert ehlo_answered(10_240_000, mx_ehlo) << to_c(mx_ehlo)
 
 
 def test_our_limit_holds_without_the_mxs_size() -> None:
     mx_ehlo = b"250-mx.example\r\n250 PIPELINING\r\n"
     assert (
-        greeted(1000, mx_ehlo)
+        ehlo_answered(1000, mx_ehlo)
         << to_c(mx_ehlo)
         >> c(b"MAIL FROM:<a@msa.example> SIZE=5000\r\n")
         << to_c(b"552 5.3.4 Error: message size exceeds fixed limit\r\n")
