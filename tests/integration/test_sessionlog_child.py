@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.unit.test_sessionlog_roundtrip import T0, session
+from tests.support.log_session import T0, session
 
 from mailsluice.sessionlog.codec import SessionLogError
 from mailsluice.sessionlog.pipe import PipeBackend

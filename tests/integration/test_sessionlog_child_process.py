@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.unit.test_sessionlog_roundtrip import T0, session
+from tests.support.log_session import T0, session
 
 from mailsluice.sessionlog.pipe import PipeBackend
 from mailsluice.sessionlog.reader import list_sessions

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from tests.unit.test_sessionlog_roundtrip import T0, session
+from tests.support.log_session import T0, session
 
 from mailsluice.sessionlog.loopwriter import LoopPipeWriter
 from mailsluice.sessionlog.pipe import PipeBackend

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.filtering.api import (
@@ -54,7 +54,6 @@ edit_lists = st.lists(
 )  # fmt: skip
 
 
-@settings(max_examples=150)
 @given(header=headers, body=bodies, rounds=st.lists(edit_lists, min_size=1, max_size=3))
 def test_spliced_edits_equal_whole_message_edits(
     header: bytes, body: bytes, rounds: list[list[AddHeader | ChangeHeader]]

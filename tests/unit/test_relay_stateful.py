@@ -492,7 +492,7 @@ class RelayMachine(RuleBasedStateMachine):
 
 
 RelayMachine.TestCase.settings = settings(
-    max_examples=settings().max_examples,  # the loaded profile (fast or deep)
+    max_examples=settings().max_examples,  # the loaded profile (dev, ci or deep)
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -42,8 +42,8 @@ from mailsluice.runtime.listener import (
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.workers import hangup_ignored, log_hangup, supervise
+from mailsluice.sessionlog import LogWriter, open_log
 from mailsluice.sessionlog.fanout import LogFanout
-from mailsluice.sessionlog.writer import LogWriter, open_log
 
 log = logging.getLogger("mailsluice.server")
 

@@ -27,7 +27,7 @@ from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.upstreampool import UpstreamPool
-from mailsluice.sessionlog.writer import LogWriter
+from mailsluice.sessionlog import LogWriter
 from mailsluice.smtp.replies import Reply
 
 if TYPE_CHECKING:

@@ -95,7 +95,7 @@ class PipeBackend:
         data = frame(records)
         child = self._child
         if child is None or child.poll() is not None:
-            self._spawn()  # it died: start a new one; this batch goes to the new child
+            self.respawn()  # it died: reap it, start a new one; this batch goes to that one
             child = self._child
         assert child is not None
         assert child.stdin is not None

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mailsluice.filtering.api import ClientInfo, Envelope
 from mailsluice.filtering.spool import MessageSpool
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 CLIENT = ClientInfo(
     session_id="s1", client_ip="127.0.0.1", client_port=2525, destination="127.0.0.2:25", helo="x"

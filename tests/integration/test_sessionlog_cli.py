@@ -22,7 +22,7 @@ from mailsluice.sessionlog import open_log
 from mailsluice.sessionlog.cli_commands import build_filter, print_sessions, print_transcript
 from mailsluice.sessionlog.query import QueryError, SessionFilter
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
 

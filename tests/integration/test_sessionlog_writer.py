@@ -12,7 +12,7 @@ import pytest
 from mailsluice.relay.records import Direction, Record, TranscriptLine
 from mailsluice.sessionlog import LogWriter, NullWriter, SessionLogError, open_log
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 
 def line(n: int, session_id: str = "s1") -> TranscriptLine:

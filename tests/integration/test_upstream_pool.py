@@ -11,7 +11,7 @@ from mailsluice.relay.actions import UpstreamState
 from mailsluice.runtime.upstreampool import Pooled, UpstreamPool
 from mailsluice.smtp.replies import Reply
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 KEY = ("192.0.2.10", "198.51.100.25", 25, None)
 OTHER_CLIENT = ("192.0.2.11", "198.51.100.25", 25, None)

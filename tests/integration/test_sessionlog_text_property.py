@@ -25,7 +25,7 @@ from mailsluice.relay.records import (
 from mailsluice.sessionlog import list_sessions, open_log, session_with_transcript
 from mailsluice.sessionlog.codec import clean_text
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 wire_bytes = st.binary(max_size=60).map(lambda b: b.decode("utf-8", "surrogateescape"))
 surrogates = st.text(st.characters(categories=["Cs"]), max_size=5)

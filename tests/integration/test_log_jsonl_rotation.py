@@ -20,7 +20,7 @@ from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import SessionLogError
 from mailsluice.sessionlog.jsonl import JsonlBackend, read_objects, rotated_files
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 T0 = 1_714_564_800.0
 MAX = 4096

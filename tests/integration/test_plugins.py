@@ -19,7 +19,7 @@ from mailsluice.relay.records import (
     TranscriptChunk,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
