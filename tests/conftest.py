@@ -9,6 +9,7 @@ database in ``.hypothesis/``), whatever the profile.
 
 from __future__ import annotations
 
+import gc
 import os
 import ssl
 from collections.abc import Iterator
@@ -58,3 +59,13 @@ def _no_session_log_in_var_lib() -> Iterator[None]:
     yield
     if not existed and DEFAULT_LOG_DIR.exists():
         pytest.fail(f"a test created {DEFAULT_LOG_DIR}: pass an explicit --log / log=")
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A leaked socket, file or event loop warns (ResourceWarning, an error here) when it
+    is collected: collect after each test that is not a pure unit test, so the warning
+    names the test that leaked it, not whichever test ran when the collector did."""
+    yield
+    if request.node.get_closest_marker("unit") is None:
+        gc.collect()

@@ -125,6 +125,7 @@ def test_example_watcher_counts_by_destination(examples_on_path: None) -> None:
     plugin = load_plugin("quota_watch:Watcher", {"report_every": 1})
     sink = PluginSink([(plugin, 1.0)])
     sink.write_batch([opened(), txn(), txn(outcome="rejected"), closed()])
+    sink.close()
     assert dict(plugin.outcomes) == {  # type: ignore[attr-defined]
         ("198.51.100.7:25", "delivered"): 1,
         ("198.51.100.7:25", "rejected"): 1,

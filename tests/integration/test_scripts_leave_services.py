@@ -50,7 +50,7 @@ def sandbox(tmp_path: Path, *, installed: bool) -> tuple[Path, dict[str, str], P
     names = ("apt-get", "dpkg", "dpkg-query", "debconf-set-selections", "id", *SERVICE_CONTROL)
     for name in names:
         write(bin_dir / name, STAND_IN.format(record=record, extra=extras.get(name, "")))
-    for tool in ("python", "ruff", "mypy"):
+    for tool in ("python", "ruff", "mypy", "lint-imports"):
         write(repo / ".venv" / "bin" / tool, STAND_IN.format(record=record, extra=""))
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
     return repo, env, record

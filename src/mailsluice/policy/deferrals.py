@@ -1,0 +1,103 @@
+"""What an MX's deferral means, by its reply (pure), and what to do about it.
+
+A 4xx from an MX is one of four things, told apart by its text and enhanced code:
+
+* **capacity**: too many connections from us (a ``421`` greeting "too many
+  connections", Postfix's ``4.7.0 Error: too many connections from``): the learned
+  limit drops to what was open (``learned``); the transaction waits for a slot again,
+  and the tenant never sees it;
+* **rate**: too many messages or recipients for now ("rate limit", "try again later",
+  ``4.7.28``): the destination is slowed down;
+* **reputation**: our address is blocked or listed ("blocked", "listed", "Spamhaus",
+  "poor reputation"): the destination is slowed down hard; an operator decides more;
+* **other**: everything else (a full mailbox, a greylisting, a busy server...).
+
+The patterns below are the usual ones; ``[[deferral_rules]]`` in the configuration add
+more, each with the class it means and what to do for how long (``Rule``), like
+KumoMTA's automation rules.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mailsluice.smtp.replies import Reply
+
+__all__ = ["DeferralClass", "Response", "Rule", "classify", "default_rules", "respond"]
+
+
+class DeferralClass(enum.Enum):
+    CAPACITY = "capacity"
+    RATE = "rate"
+    REPUTATION = "reputation"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What a class of deferral does to its destination, for ``seconds``.
+
+    ``limit``: at most this many connections; ``rate``: at most this many transactions
+    a second; ``suspend``: no new transaction at all (tenants get 4xx at once)."""
+
+    seconds: float = 0.0
+    limit: int | None = None
+    rate: float | None = None
+    suspend: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    pattern: re.Pattern[str]
+    kind: DeferralClass
+    response: Response = Response()
+
+
+def _rule(pattern: str, kind: DeferralClass, response: Response = Response()) -> Rule:
+    return Rule(re.compile(pattern, re.IGNORECASE), kind, response)
+
+
+def default_rules() -> tuple[Rule, ...]:
+    """The built-in patterns, checked after the operator's (first match wins)."""
+    capacity = DeferralClass.CAPACITY
+    rate = DeferralClass.RATE
+    reputation = DeferralClass.REPUTATION
+    return (
+        _rule(r"too many (\w+ ){0,2}(connections|sessions)", capacity),
+        _rule(r"connection (count )?limit|max(imum)? (number of )?connections", capacity),
+        _rule(
+            r"\b4\.7\.28\b|rate.?limit|too many (messages|mails|recipients)|throttl",
+            rate,
+            Response(seconds=300.0, rate=1.0),
+        ),
+        _rule(
+            r"\b(black|block|deny)[ -]?list(ed)?\b|\blisted (at|on|in|by)\b|\bblocked\b|"
+            r"spamhaus|dnsbl|\breputation\b",
+            reputation,
+            Response(seconds=900.0, limit=1),
+        ),
+    )
+
+
+def classify(reply: Reply, rules: Sequence[Rule]) -> tuple[DeferralClass, Response]:
+    """The class of a 4xx reply and the response its rule asks for."""
+    text = reply.text
+    for rule in rules:
+        if rule.pattern.search(text):
+            return rule.kind, rule.response
+    return DeferralClass.OTHER, Response()
+
+
+def respond(reply: Reply, rules: Sequence[Rule]) -> Response | None:
+    """What to do about a transient reply; None when it asks for nothing."""
+    if not reply.is_transient:
+        return None
+    kind, response = classify(reply, rules)
+    if kind is DeferralClass.OTHER or (
+        response.seconds <= 0 and response.limit is None and response.rate is None
+    ):
+        return None
+    return response

@@ -1,0 +1,288 @@
+"""Fair sharing of one destination's connections between tenants (pure).
+
+A destination (our source address, an MX address) takes at most ``limit`` connections
+from us at once. Every connection is a *slot* held by one tenant, in one of three states:
+
+* **busy**: a transaction of that tenant runs on it (or it is being dialled for one);
+* **idle**: kept for that tenant's next transaction (its sessions reuse it, no dial);
+* **closing**: given up (QUIT sent); it still counts until it is really gone, so that
+  the MX never sees one connection more than the limit.
+
+A tenant asks for a slot per transaction (``ask``). The answer is a ``Grant`` at once
+(its own idle connection, or a new one while the destination has room), or a wait in
+line. A slot that frees goes to the waiting tenant holding the fewest slots (max-min
+fairness, each tenant's count divided by its weight); ties go to the tenant that has
+been served least (deficit round robin: grants received, per weight), then to the
+oldest ticket. The sharing is work-conserving: a slot is never left free while someone
+waits, and an idle connection of one tenant is reclaimed (``Reclaim``: the shell says
+QUIT) as soon as another waits for room.
+
+Nothing here has a clock or does I/O: the shell (``runtime``) feeds the facts (a
+transaction ended, a connection closed, the MX refused one) and performs the
+directives; the learned limit is ``learned.LearnedLimit``'s.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["FairShare", "Grant", "Reclaim", "Directive"]
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """``ticket`` may go ahead: on the tenant's idle connection (``reuse``) or a new one."""
+
+    ticket: int
+    tenant: str
+    reuse: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """Close one idle connection of ``tenant`` (QUIT): its slot is wanted elsewhere."""
+
+    tenant: str
+
+
+Directive = Grant | Reclaim
+
+
+@dataclass(slots=True)
+class _Tenant:
+    weight: float = 1.0
+    busy: int = 0
+    idle: int = 0
+    closing: int = 0
+    served: float = 0.0  # grants received, per weight (the tie-break)
+    waiting: deque[int] = field(default_factory=deque)  # tickets, oldest first
+
+    @property
+    def held(self) -> int:
+        return self.busy + self.idle + self.closing
+
+
+class FairShare:
+    """The slots of one destination (see the module docstring)."""
+
+    __slots__ = ("_limit", "_seq", "_tenants", "_tickets", "_weights")
+
+    def __init__(self, limit: int, weights: Mapping[str, float] | None = None) -> None:
+        if limit < 1:
+            raise ValueError("a destination's limit is at least 1")
+        self._limit = limit
+        self._weights = dict(weights or {})
+        self._tenants: dict[str, _Tenant] = {}
+        self._tickets: dict[int, tuple[str, int]] = {}  # ticket -> (tenant, order)
+        self._seq = 0  # order of arrival, for the last tie-break
+
+    # ------------------------------------------------------------------ views
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def in_use(self) -> int:
+        """Connections counted against the limit (busy, idle and closing)."""
+        return sum(t.held for t in self._tenants.values())
+
+    def held(self, tenant: str) -> int:
+        record = self._tenants.get(tenant)
+        return record.held if record else 0
+
+    def busy(self, tenant: str) -> int:
+        record = self._tenants.get(tenant)
+        return record.busy if record else 0
+
+    def idle(self, tenant: str) -> int:
+        record = self._tenants.get(tenant)
+        return record.idle if record else 0
+
+    def waiting(self, tenant: str | None = None) -> int:
+        """Tickets in line (of ``tenant``, or of all)."""
+        if tenant is not None:
+            record = self._tenants.get(tenant)
+            return len(record.waiting) if record else 0
+        return len(self._tickets)
+
+    def tenants(self) -> dict[str, tuple[int, int, int]]:
+        """tenant -> (busy, idle, waiting), for the operator's views."""
+        return {n: (t.busy, t.idle, len(t.waiting)) for n, t in self._tenants.items()}
+
+    # ------------------------------------------------------------------ facts in
+    def ask(self, tenant: str, ticket: int) -> list[Directive]:
+        """A transaction of ``tenant`` wants a connection."""
+        if ticket in self._tickets:
+            raise ValueError(f"ticket {ticket} is already waiting")
+        record = self._tenant(tenant)
+        self._seq += 1
+        self._tickets[ticket] = (tenant, self._seq)
+        record.waiting.append(ticket)
+        return self._fill()
+
+    def ask_again(self, tenant: str, ticket: int) -> list[Directive]:
+        """A granted ticket's connection was refused for capacity: back in line, first
+        of its tenant (its slot was given back with ``gone``)."""
+        if ticket in self._tickets:
+            raise ValueError(f"ticket {ticket} is already waiting")
+        record = self._tenant(tenant)
+        self._tickets[ticket] = (tenant, 0)  # before any other ticket in the tie-break
+        record.waiting.appendleft(ticket)
+        return self._fill()
+
+    def cancel(self, ticket: int) -> list[Directive]:
+        """A waiting ticket gives up (the client left, or waited too long)."""
+        entry = self._tickets.pop(ticket, None)
+        if entry is None:
+            return []
+        record = self._tenants[entry[0]]
+        record.waiting.remove(ticket)
+        self._forget_if_done(entry[0])
+        return self._fill()
+
+    def park(self, tenant: str) -> list[Directive]:
+        """A transaction ended; its connection is kept for the tenant (busy -> idle)."""
+        record = self._held_record(tenant, "busy")
+        record.busy -= 1
+        record.idle += 1
+        return self._fill()
+
+    def take_idle(self, tenant: str) -> None:
+        """The shell took an idle connection of ``tenant`` back to work without asking
+        (the same session goes on): idle -> busy. Only when nobody waits."""
+        record = self._held_record(tenant, "idle")
+        if self._tickets:
+            raise ValueError("others wait: the tenant must ask")
+        record.idle -= 1
+        record.busy += 1
+
+    def closing(self, tenant: str, *, idle: bool) -> None:
+        """A connection of ``tenant`` is being closed (QUIT sent); it counts until gone."""
+        record = self._held_record(tenant, "idle" if idle else "busy")
+        if idle:
+            record.idle -= 1
+        else:
+            record.busy -= 1
+        record.closing += 1
+
+    def gone(self, tenant: str, *, was: str = "closing") -> list[Directive]:
+        """A connection of ``tenant`` is gone (``was``: busy, idle or closing)."""
+        record = self._held_record(tenant, was)
+        setattr(record, was, getattr(record, was) - 1)
+        self._forget_if_done(tenant)
+        return self._fill()
+
+    def set_limit(self, limit: int) -> list[Directive]:
+        """A new limit (configured, or learned). Lowered, no connection is taken away:
+        the excess drains as transactions end (their connections are not kept)."""
+        if limit < 1:
+            raise ValueError("a destination's limit is at least 1")
+        self._limit = limit
+        return self._fill()
+
+    # ------------------------------------------------------------------ the choice
+    def _fill(self) -> list[Directive]:
+        """Give free slots to waiters, max-min; reclaim idle connections someone needs.
+
+        The waiting tickets are taken in the order the fair share gives them (``_line``).
+        Each, in turn: its tenant's own idle connection; else a new one while there is
+        room; else a slot already on its way (a connection closing) is counted as its;
+        else an idle connection of another tenant is reclaimed for it. The scan starts
+        again after every grant (a grant changes the order)."""
+        out: list[Directive] = []
+        while self._tickets:
+            room = self._on_the_way()  # each covers one waiting ticket
+            granted = False
+            for tenant in self._line():
+                record = self._tenants[tenant]
+                if record.idle:  # its own idle connection: no dial, no new slot
+                    record.idle -= 1
+                    out.append(self._grant(tenant, reuse=True))
+                    granted = True
+                    break
+                if self.in_use < self._limit:
+                    out.append(self._grant(tenant, reuse=False))
+                    granted = True
+                    break
+                if room:
+                    room -= 1
+                elif (victim := self._idle_victim()) is not None:
+                    # Its slot frees when the connection is gone: the grant comes then,
+                    # so the MX never sees more than the limit.
+                    self._tenants[victim].idle -= 1
+                    self._tenants[victim].closing += 1
+                    out.append(Reclaim(victim))
+            if not granted:
+                break
+        out.extend(self._shed_excess())
+        return out
+
+    def _line(self) -> list[str]:
+        """The waiting tickets in fair order, as the tenant each belongs to: the k-th
+        ticket of a tenant ranks as if the k-1 before it had been granted."""
+        ranked: list[tuple[float, float, int, str]] = []
+        for name, record in self._tenants.items():
+            held = record.busy + record.idle
+            for k, ticket in enumerate(record.waiting):
+                share = (held + k) / record.weight
+                served = record.served + k / record.weight
+                ranked.append((share, served, self._tickets[ticket][1], name))
+        ranked.sort()
+        return [name for *_, name in ranked]
+
+    def _shed_excess(self) -> list[Directive]:
+        """Over a lowered limit, idle connections are closed rather than kept."""
+        out: list[Directive] = []
+        while self.in_use - self._closing() > self._limit and (victim := self._idle_victim()):
+            self._tenants[victim].idle -= 1
+            self._tenants[victim].closing += 1
+            out.append(Reclaim(victim))
+        return out
+
+    def _closing(self) -> int:
+        return sum(t.closing for t in self._tenants.values())
+
+    def _on_the_way(self) -> int:
+        """Slots that closing connections will free within the limit (a lowered limit
+        may leave fewer than are closing)."""
+        closing = self._closing()
+        return max(0, min(closing, self._limit - (self.in_use - closing)))
+
+    def _idle_victim(self) -> str | None:
+        """The idle connection to reclaim: of the tenant holding the most, per weight."""
+        holders = [n for n, t in self._tenants.items() if t.idle]
+        if not holders:
+            return None
+        return max(holders, key=lambda n: self._tenants[n].held / self._tenants[n].weight)
+
+    def _grant(self, tenant: str, *, reuse: bool) -> Grant:
+        record = self._tenants[tenant]
+        ticket = record.waiting.popleft()
+        del self._tickets[ticket]
+        record.busy += 1
+        record.served += 1.0 / record.weight
+        return Grant(ticket, tenant, reuse)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _tenant(self, tenant: str) -> _Tenant:
+        record = self._tenants.get(tenant)
+        if record is None:
+            # A tenant (re)joining starts level with the least served, not at zero: no
+            # catching up on service it did not ask for while it was away.
+            floor = min((t.served for t in self._tenants.values()), default=0.0)
+            record = _Tenant(weight=self._weights.get(tenant, 1.0), served=floor)
+            self._tenants[tenant] = record
+        return record
+
+    def _held_record(self, tenant: str, state: str) -> _Tenant:
+        record = self._tenants.get(tenant)
+        if record is None or getattr(record, state) <= 0:
+            raise ValueError(f"tenant {tenant!r} holds no {state} connection")
+        return record
+
+    def _forget_if_done(self, tenant: str) -> None:
+        record = self._tenants.get(tenant)
+        if record is not None and not record.held and not record.waiting:
+            del self._tenants[tenant]

@@ -1,0 +1,256 @@
+"""The fair-share scheduler of one destination: examples, and a model-based property test.
+
+The properties (over random interleavings of asks, cancels, transactions ending,
+connections closing, limits changing):
+
+* never above the limit: a new connection is granted only while the destination has
+  room, and a lowered limit takes nothing away but keeps no idle connection over it;
+* work-conserving: at rest, a slot is never free while someone waits, a waiting tenant
+  never has an idle connection of its own, and an idle connection is never kept while
+  someone waits for room (it is reclaimed);
+* max-min: a grant never goes to a tenant holding more (per weight) than another that
+  waits; so no tenant starves: once every transaction ends, nobody is left waiting.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
+
+pytestmark = pytest.mark.unit
+
+
+def test_first_come_while_there_is_room_then_a_line() -> None:
+    share = FairShare(limit=2)
+    assert share.ask("a", 1) == [Grant(1, "a", reuse=False)]
+    assert share.ask("a", 2) == [Grant(2, "a", reuse=False)]
+    assert share.ask("b", 3) == []
+    assert share.waiting() == 1
+    # a's transaction ends: its connection is reclaimed for b (closing counts until gone)
+    assert share.park("a") == [Reclaim("a")]
+    assert share.in_use == 2
+    assert share.gone("a") == [Grant(3, "b", reuse=False)]
+    assert (share.held("a"), share.held("b")) == (1, 1)
+
+
+def test_a_tenant_reuses_its_own_idle_connection() -> None:
+    share = FairShare(limit=1)
+    share.ask("a", 1)
+    assert share.park("a") == []  # nobody waits: kept idle for a
+    assert share.ask("a", 2) == [Grant(2, "a", reuse=True)]
+
+
+def test_the_freed_slot_goes_to_the_tenant_holding_fewest() -> None:
+    share = FairShare(limit=3)
+    for ticket in (1, 2, 3):
+        share.ask("heavy", ticket)
+    share.ask("heavy", 4)
+    share.ask("light", 5)
+    # heavy holds 3 and waits; light holds 0 and waits: light goes first
+    directives = share.park("heavy")
+    assert directives == [Reclaim("heavy")]
+    assert share.gone("heavy") == [Grant(5, "light", reuse=False)]
+
+
+def test_between_equals_the_older_ticket_goes_first() -> None:
+    share = FairShare(limit=1)
+    share.ask("a", 1)
+    share.ask("a", 2)
+    share.ask("b", 3)
+    assert share.park("a") == [Reclaim("a")]
+    # both hold nothing and b joined level with a's service: a's ticket is older
+    assert share.gone("a") == [Grant(2, "a", reuse=False)]
+
+
+def test_a_tenant_served_more_yields_to_one_served_less() -> None:
+    share = FairShare(limit=2)
+    share.ask("a", 1)
+    share.ask("b", 2)
+    for ticket in (3, 4, 5):  # a's transactions end and start again on its connection
+        share.park("a")
+        assert share.ask("a", ticket) == [Grant(ticket, "a", reuse=True)]
+    share.ask("a", 6)
+    share.ask("b", 7)  # both hold one and wait; b has been served less
+    assert share.park("b") == [Grant(7, "b", reuse=True)]
+
+
+def test_weights_give_a_larger_share() -> None:
+    share = FairShare(limit=3, weights={"big": 2.0})
+    share.ask("big", 1)
+    share.ask("small", 2)
+    share.ask("big", 3)  # big holds 1 (0.5 per weight) < small's 1: big first
+    assert share.held("big") == 2
+    assert share.held("small") == 1
+
+
+def test_a_capacity_refusal_puts_the_ticket_back_first_in_line() -> None:
+    share = FairShare(limit=2)
+    share.ask("a", 1)
+    share.ask("b", 2)
+    share.ask("b", 3)
+    assert share.gone("b", was="busy") == [Grant(3, "b", reuse=False)]  # refused: lost
+    assert share.set_limit(1) == []
+    assert share.ask_again("b", 2) == []
+    assert share.waiting("b") == 1
+
+
+def test_a_lowered_limit_keeps_no_idle_connection_over_it() -> None:
+    share = FairShare(limit=3)
+    for ticket in (1, 2, 3):
+        share.ask("a", ticket)
+    assert share.set_limit(1) == []  # busy ones are not taken away
+    assert share.park("a") == [Reclaim("a")]
+    assert share.park("a") == [Reclaim("a")]
+    assert share.park("a") == []  # the one that fits stays
+
+
+def test_cancel_and_bad_facts() -> None:
+    share = FairShare(limit=1)
+    share.ask("a", 1)
+    share.ask("b", 2)
+    assert share.cancel(2) == []
+    assert share.cancel(2) == []
+    assert share.waiting() == 0
+    with pytest.raises(ValueError, match="holds no busy"):
+        share.park("b")
+    share.ask("c", 3)
+    with pytest.raises(ValueError, match="already waiting"):
+        share.ask("c", 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        FairShare(limit=0)
+
+
+TENANTS = ("a", "b", "c", "d")
+
+
+class Destination(RuleBasedStateMachine):
+    """The shell's side, modelled: what is in flight, and the checks on each directive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.share = FairShare(limit=3, weights={"d": 2.0})
+        self.next_ticket = 1
+        self.waiting: dict[int, str] = {}
+        self.busy: dict[str, int] = dict.fromkeys(TENANTS, 0)
+        self.idle: dict[str, int] = dict.fromkeys(TENANTS, 0)
+        self.closing: dict[str, int] = dict.fromkeys(TENANTS, 0)
+        self.limit = 3
+
+    def held(self, tenant: str) -> int:
+        return self.busy[tenant] + self.idle[tenant] + self.closing[tenant]
+
+    def weight(self, tenant: str) -> float:
+        return 2.0 if tenant == "d" else 1.0
+
+    def apply(self, directives: list[Grant | Reclaim]) -> None:
+        for directive in directives:
+            if isinstance(directive, Reclaim):
+                assert self.idle[directive.tenant] > 0, "reclaimed a connection not idle"
+                self.idle[directive.tenant] -= 1
+                self.closing[directive.tenant] += 1
+                continue
+            tenant = self.waiting.pop(directive.ticket)
+            assert tenant == directive.tenant
+            # max-min: no waiting tenant holds less (per weight) than the one served; on
+            # its own idle connection it may go ahead of those a closing slot will serve
+            # (a tenant's k-th waiting ticket ranks as if the k before it had a slot)
+            mine = (self.busy[tenant] + self.idle[tenant]) / self.weight(tenant)
+            less = []
+            for other in set(self.waiting.values()) - {tenant}:
+                held = self.busy[other] + self.idle[other]
+                count = sum(1 for t in self.waiting.values() if t == other)
+                less += [other for k in range(count) if (held + k) / self.weight(other) < mine]
+            if directive.reuse:
+                closing = sum(self.closing.values())
+                kept = sum(self.busy[t] + self.idle[t] for t in TENANTS)
+                assert len(less) <= max(0, min(closing, self.limit - kept)), (
+                    f"{tenant} reused its connection before {less}, who hold less"
+                )
+            else:
+                assert not less, f"{tenant} ({mine}) got a new slot before {less}"
+            if directive.reuse:
+                assert self.idle[tenant] > 0
+                self.idle[tenant] -= 1
+            else:
+                total = sum(self.held(t) for t in TENANTS)
+                assert total < self.limit, "a new connection over the limit"
+            self.busy[tenant] += 1
+
+    @rule(tenant=st.sampled_from(TENANTS))
+    def ask(self, tenant: str) -> None:
+        ticket, self.next_ticket = self.next_ticket, self.next_ticket + 1
+        self.waiting[ticket] = tenant
+        self.apply(self.share.ask(tenant, ticket))
+
+    @precondition(lambda self: bool(self.waiting))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(sorted(self.waiting)))
+        del self.waiting[ticket]
+        self.apply(self.share.cancel(ticket))
+
+    @rule(tenant=st.sampled_from(TENANTS))
+    def transaction_ends(self, tenant: str) -> None:
+        if self.busy[tenant]:
+            self.busy[tenant] -= 1
+            self.idle[tenant] += 1
+            self.apply(self.share.park(tenant))
+
+    @rule(tenant=st.sampled_from(TENANTS), state=st.sampled_from(["busy", "idle", "closing"]))
+    def connection_gone(self, tenant: str, state: str) -> None:
+        held = getattr(self, state)
+        if held[tenant]:
+            held[tenant] -= 1
+            self.apply(self.share.gone(tenant, was=state))
+
+    @rule(limit=st.integers(1, 5))
+    def limit_changes(self, limit: int) -> None:
+        self.limit = limit
+        self.apply(self.share.set_limit(limit))
+
+    @invariant()
+    def the_scheduler_agrees_with_the_model(self) -> None:
+        for tenant in TENANTS:
+            assert self.share.held(tenant) == self.held(tenant)
+            assert self.share.idle(tenant) == self.idle[tenant]
+        assert self.share.waiting() == len(self.waiting)
+
+    @invariant()
+    def work_conserving(self) -> None:
+        if not self.waiting:
+            return
+        total = sum(self.held(t) for t in TENANTS)
+        assert total >= self.limit, "a free slot while someone waits"
+        for tenant in set(self.waiting.values()):
+            assert not self.idle[tenant], f"{tenant} waits with an idle connection of its own"
+        closing = sum(self.closing.values())
+        if closing < len(self.waiting):
+            assert not any(self.idle.values()), "an idle connection kept while others wait"
+
+    @invariant()
+    def no_idle_connection_over_the_limit(self) -> None:
+        kept = sum(self.busy[t] + self.idle[t] for t in TENANTS)
+        assert kept <= self.limit or not any(self.idle.values())
+
+    def teardown(self) -> None:
+        """Liveness: once every transaction ends and every closing connection is gone,
+        nobody waits (no starvation)."""
+        for _ in range(1000):
+            if not self.waiting:
+                break
+            progressed = False
+            for tenant in TENANTS:
+                for state in ("closing", "busy"):
+                    held = getattr(self, state)
+                    if held[tenant]:
+                        held[tenant] -= 1
+                        self.apply(self.share.gone(tenant, was=state))
+                        progressed = True
+            assert progressed, f"stuck with {self.waiting} waiting"
+        assert not self.waiting
+
+
+TestFairShareModel = Destination.TestCase
