@@ -121,6 +121,28 @@ class ReleaseServer:
 
 
 @dataclass(frozen=True, slots=True)
+class AcquireServer:
+    """Late binding: the session needs an MX connection for a transaction. The shell
+    answers when the destination has a slot for this tenant: ``ServerReused`` (an idle
+    connection of the tenant's) or ``ServerGranted`` then ``ServerConnected`` (a new one),
+    or ``ServerConnectFailed``. Until then the transaction waits (``hold_max``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAcquire:
+    """Stop waiting for an MX connection (the wait ran out, or the session ended)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """The connection just given was refused before the transaction could use it (a 421
+    greeting, a reset during set-up): close it; if the MX refused for capacity, learn
+    its limit and put the transaction back in line, else answer ``ServerConnectFailed``."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class DropSpool:
     """Filter mode: the message will not be relayed; forget what was spooled."""
 
@@ -140,4 +162,7 @@ Action = (
     | SendSpooled
     | DropSpool
     | ReleaseServer
+    | AcquireServer
+    | CancelAcquire
+    | Requeue
 )

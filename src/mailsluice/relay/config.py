@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 
@@ -38,6 +39,9 @@ class Timeouts:
     client_idle: float = 300.0  # client silent while we wait for a command
     client_data: float = 180.0  # client silent in the middle of a message body
     quit: float = 10.0  # MX reply to QUIT before we just close
+    # late binding: a transaction waits this long for a slot of its destination, then
+    # 451 4.4.5 (well under the 300 s an MSA gives the greeting and MAIL)
+    hold_max: float = 120.0
     # Bytes/s a client must keep up while it sends a command line or a message: each chunk
     # extends the client's deadline by its size / this rate, never past the full timeout,
     # so a client trickling bytes (slowloris) is cut (Postfix smtpd_min_data_rate).
@@ -64,4 +68,7 @@ class RelayConfig:
     # been idle this long meanwhile (its own command timeout is usually 300 s).
     filtering: bool = False
     filter_keepalive: float = 60.0
+    # late binding: a set-up greeting matching this is the MX saying it has too many of
+    # our connections (the transaction waits for a slot again; the tenant never sees it)
+    capacity_refusal: re.Pattern[str] | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mailsluice.relay.actions import ReusedUpstream
+
 
 @dataclass(frozen=True, slots=True)
 class ClientData:
@@ -27,6 +29,18 @@ class ClientClosed:
 @dataclass(frozen=True, slots=True)
 class ServerConnected:
     source: str  # our local address toward the MX, "ip:port"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerGranted:
+    """Late binding: a slot of the destination is ours; the shell is dialling."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerReused:
+    """Late binding: an idle MX connection of this tenant is ours (after its EHLO)."""
+
+    upstream: ReusedUpstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +110,8 @@ Event = (
     | ClientEof
     | ClientClosed
     | ServerConnected
+    | ServerGranted
+    | ServerReused
     | ServerConnectFailed
     | ServerData
     | ServerClosed

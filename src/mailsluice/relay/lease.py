@@ -16,20 +16,84 @@ At QUIT, a session that may release and whose MX connection is idle (after a pos
 EHLO/HELO, no transaction, nothing owed or awaited, no deferral seen) emits
 ``ReleaseServer`` instead of relaying QUIT and answers ``221`` itself.
 
-A lease that borrows a connection per transaction (the fair-sharing scheduler) fits the
-same interface: ``start`` then emits no dial, and the relay asks for a connection when
-a transaction needs one.
+``borrowed.BorrowedLease`` (late binding, for the fair-sharing scheduler) implements the
+same ``Lease`` interface: it borrows a connection per transaction and hands it back
+after it.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import address_text
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, Link, Message, Owed, RelayState, Sent, Slot, Stage
+from mailsluice.relay.state import (
+    Await,
+    IllegalMove,
+    Link,
+    Message,
+    Owed,
+    RelayState,
+    Sent,
+    Slot,
+    Stage,
+)
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
+
+
+class Lease(Protocol):
+    """When the session has an MX connection: what the relay asks of its lease."""
+
+    def start(self) -> None:
+        """The session begins: dial, start on a reused connection, or greet from memory."""
+
+    def hello(self, command: Command) -> bool:
+        """EHLO/HELO: True when the lease answered it (from memory), False: relay it."""
+
+    def reachable(self) -> bool:
+        """Whether a command for the MX can go to it now or once the link is ready."""
+
+    def idle_answer(self, command: Command) -> bool:
+        """RSET, NOOP...: True when the lease answered it (no connection is held)."""
+
+    def need_link(self) -> None:
+        """A command waits in ``held``: get the link ready (late binding asks for one)."""
+
+    def remember_greeting(self, reply: Reply) -> None:
+        """The MX's greeting reached the client (the client drove the set-up)."""
+
+    def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
+        """The MX's answer to EHLO/HELO is final (``slot`` None: our own, in a set-up)."""
+
+    def deferred(self) -> None:
+        """The MX deferred something (4xx)."""
+
+    def quit(self, command: Command) -> bool:
+        """QUIT: True when the lease answered it, False: relay it to the MX."""
+
+    def after_reply(self) -> None:
+        """A reply reached the client: the moment to hand an idle connection back."""
+
+    def granted(self) -> None:
+        """Late binding: a slot is ours, the shell dials."""
+
+    def reused(self, upstream: act.ReusedUpstream) -> None:
+        """Late binding: an idle connection of the tenant is ours."""
+
+    def connected(self) -> None:
+        """The dial succeeded (the link is DIALLING)."""
+
+    def setup_greeting(self, reply: Reply) -> None:
+        """Late binding: the MX's greeting to our own set-up."""
+
+    def setup_lost(self, reason: str) -> None:
+        """Late binding: the connection went away before the transaction could use it."""
+
+    def wait_ran_out(self) -> None:
+        """Late binding: ``hold_max`` passed with no slot."""
 
 
 class DedicatedLease:
@@ -61,16 +125,17 @@ class DedicatedLease:
 
     def start(self) -> None:
         """Dial, or start on the reused connection (its greeting replayed)."""
+        state = self._state
         reused = self._reused
         if reused is None:
             slot = Slot(Owed.GREETING)
-            self._state.owed.append(slot)
-            self._state.awaiting.append(Sent(Await.GREETING, slot))
-            self._state.move_link(Link.DIALLING)
+            state.owed.append(slot)
+            state.awaiting.append(Sent(Await.GREETING, slot))
+            state.move_link(Link.DIALLING)
             self._out.add(act.ConnectServer())
             return
-        self._state.move_link(Link.OPEN)
-        self._state.enter(Stage.COMMANDS)
+        state.move_link(Link.OPEN)
+        state.enter(Stage.COMMANDS)
         self._out.account.tls = reused.state.tls
         self._out.note(
             f"reusing the connection to {self._destination} from {reused.source} "
@@ -78,7 +143,7 @@ class DedicatedLease:
         )
         self._out.to_client(reused.state.greeting, Direction.PROXY_TO_CLIENT)
 
-    def hello_from_memo(self, command: Command) -> bool:
+    def hello(self, command: Command) -> bool:
         """Answer the first EHLO/HELO of a reused session from the memo, when it is the one
         the MX last answered and nothing is open upstream; False: it goes to the MX."""
         first, self._first_hello = self._first_hello, False
@@ -97,12 +162,12 @@ class DedicatedLease:
         if self._may_release:
             self._greeting = reply if reply.code == 220 else None
 
-    def remember_hello(self, slot: Slot, client_reply: Reply) -> None:
+    def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
         """The reply the client got to EHLO/HELO (after TLS, edited): what a session on
         this connection later gets for the same command."""
         if not self._may_release:  # nothing will be kept: spare the work
             return
-        command = slot.command
+        command = slot.command if slot is not None else None
         if command is None or not client_reply.is_positive:
             self._hello = None
         else:
@@ -113,7 +178,37 @@ class DedicatedLease:
         is never kept."""
         self._may_release = False
 
-    def release_at_quit(self, command: Command) -> bool:
+    def reachable(self) -> bool:
+        return self._state.link is Link.OPEN
+
+    def idle_answer(self, command: Command) -> bool:
+        return False
+
+    def need_link(self) -> None:
+        raise IllegalMove("a dedicated link is open or gone, never waited for")
+
+    def after_reply(self) -> None:
+        """The connection is the session's to the end."""
+
+    def granted(self) -> None:
+        raise IllegalMove("a dedicated link is not granted")
+
+    def reused(self, upstream: act.ReusedUpstream) -> None:
+        raise IllegalMove("a dedicated link is not granted")
+
+    def connected(self) -> None:
+        self._state.move_link(Link.OPEN)
+
+    def setup_greeting(self, reply: Reply) -> None:
+        raise IllegalMove("the client drives a dedicated link's set-up")
+
+    def setup_lost(self, reason: str) -> None:
+        raise IllegalMove("the client drives a dedicated link's set-up")
+
+    def wait_ran_out(self) -> None:
+        raise IllegalMove("a dedicated link is never waited for")
+
+    def quit(self, command: Command) -> bool:
         """QUIT: keep the MX connection for a later session if it is idle and clean."""
         state, greeting, memo = self._state, self._greeting, self._hello
         if (

@@ -36,9 +36,10 @@ from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import Account, address_text
 from mailsluice.relay.body import BodyIntake, DataPhase
+from mailsluice.relay.borrowed import BorrowedLease
 from mailsluice.relay.config import RelayConfig, Timeouts
 from mailsluice.relay.filtered import FilteredData
-from mailsluice.relay.lease import DedicatedLease
+from mailsluice.relay.lease import DedicatedLease, Lease
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
 from mailsluice.relay.state import (
@@ -69,6 +70,7 @@ _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NO
                              "EXPN", "HELP"})  # fmt: skip
 _DATA_WAITS = (Owed.DATA, Owed.OUR_DATA)  # DATA is out, its reply not yet given
 _BYE = Reply.make(221, "2.0.0", "Bye")
+_CONNECTED = (Link.SETUP, Link.OPEN, Link.HANDSHAKE)
 
 
 class Relay:
@@ -90,6 +92,8 @@ class Relay:
         refusal: Reply | None = None,
         reused: act.ReusedUpstream | None = None,
         may_release: bool = False,
+        borrowed: bool = False,
+        cached: act.UpstreamState | None = None,
         now: float,
     ) -> None:
         self._cfg = config
@@ -104,9 +108,17 @@ class Relay:
         self._replies = ReplyAssembler(config.max_reply_lines)
         self._timer: tuple[float, bool] | None = None  # the last SetTimer: seconds, on_server
         self._line_done = False  # a client line completed: its timeout starts afresh
-        self._lease = DedicatedLease(
-            state, out, self, destination=destination, reused=reused, may_release=may_release
-        )
+        self._lease: Lease = (
+            BorrowedLease(
+                state, out, self, destination=destination, hostname=config.hostname,
+                cached=cached, capacity=config.capacity_refusal,
+            )
+            if borrowed
+            else DedicatedLease(
+                state, out, self, destination=destination, reused=reused,
+                may_release=may_release,
+            )
+        )  # fmt: skip
         self._upgrade = TlsUpgrade(
             state, out, self, allowed=tls_allowed, size_limit=config.message_size_limit,
             hostname=config.hostname, remember=self._lease.remember_hello,
@@ -184,10 +196,14 @@ class Relay:
             case ev.ServerData(data):
                 self._server_data(data)
             case ev.ServerConnected(source):
-                state.move_link(Link.OPEN)
+                self._lease.connected()
                 if state.awaiting:  # the greeting's budget no longer includes the connect
                     state.awaiting[0].timeout = None
                 self._out.note(f"connected to {self._client_desc[1]} from {source}")
+            case ev.ServerGranted():
+                self._lease.granted()
+            case ev.ServerReused(upstream):
+                self._lease.reused(upstream)
             case ev.ServerConnectFailed(reason):
                 self._out.note(f"cannot connect: {reason}")
                 state.move_link(Link.GONE)
@@ -226,6 +242,7 @@ class Relay:
         state = self._state
         if state.stage is Stage.COMMANDS:
             self._pump_client()
+            self._lease.after_reply()
         if state.input is Input.ENDED:
             self._after_client_eof()
         if state.stage is not Stage.CLOSED:
@@ -283,11 +300,11 @@ class Relay:
             self._error(parsed.reply)
             return
         verb = parsed.verb
-        if verb in _TAKES_UPSTREAM and self._state.link is not Link.OPEN:
+        if verb in _TAKES_UPSTREAM and not self._lease.reachable():
             out.client_line(line.content, Direction.CLIENT_TO_PROXY)
             self.local(rp.upstream_lost(self._host), close="closed-by-proxy")
         elif verb == "EHLO" or verb == "HELO":
-            if self._lease.hello_from_memo(parsed):
+            if self._lease.hello(parsed):
                 return
             out.abort_transaction()
             out.account.helo = address_text(parsed.argument)
@@ -303,6 +320,8 @@ class Relay:
             else:
                 self._data.command(parsed)
         elif verb in _FORWARDED:
+            if self._lease.idle_answer(parsed):
+                return
             if verb == "RSET":
                 out.abort_transaction()
             owed, what = _FORWARDED[verb]
@@ -343,9 +362,9 @@ class Relay:
         self.forward(command, Slot(Owed.RCPT, command=command), Await.RCPT)
 
     def _quit(self, command: Command) -> None:
-        if self._lease.release_at_quit(command):
+        if self._lease.quit(command):
             return
-        if self._state.link is Link.OPEN:
+        if self._lease.reachable():
             self.forward(command, Slot(Owed.QUIT, barrier=True, command=command), Await.QUIT)
         else:
             self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
@@ -419,6 +438,9 @@ class Relay:
                 self.protocol_error(f"unexpected reply: {reply.transcript()}")
             return
         sent = state.awaiting.popleft()
+        if sent.slot is None and sent.what is Await.GREETING:  # a late set-up's own
+            self._lease.setup_greeting(reply)
+            return
         if reply.code == 421 and sent.what is not Await.QUIT:
             self._mx_closing(reply)
             return
@@ -459,6 +481,9 @@ class Relay:
         link = state.link
         if link is Link.GONE:
             return  # we closed it ourselves, or handed it back
+        if link is Link.SETUP:  # a late set-up: not the tenant's business
+            self._lease.setup_lost(reason)
+            return
         state.move_link(Link.GONE)
         self._out.note(f"upstream closed: {reason}")
         if state.awaits(Await.QUIT):
@@ -538,10 +563,16 @@ class Relay:
         self.flush()
 
     def forward(self, command: Command, slot: Slot, what: Await) -> None:
-        """Owe the client ``slot`` and send its command to the MX, whose reply fills it."""
-        self._state.owed.append(slot)
-        self._out.command_to_server(command)
-        self._state.awaiting.append(Sent(what, slot))
+        """Owe the client ``slot`` and send its command to the MX, whose reply fills it
+        (late binding: once the link is ready; the command waits in ``held`` till then)."""
+        state = self._state
+        state.owed.append(slot)
+        if state.link is Link.OPEN and not state.held:
+            self._out.command_to_server(command)
+            state.awaiting.append(Sent(what, slot))
+        else:
+            state.held.append((command, Sent(what, slot)))
+            self._lease.need_link()
 
     # ----------------------------------------------------------------- endings
     def fail(self, reply: Reply, reason: str) -> None:
@@ -567,8 +598,10 @@ class Relay:
         state = self._state
         if state.stage is Stage.CLOSED:
             return
-        if state.link is Link.OPEN or state.link is Link.HANDSHAKE:
+        if state.link in _CONNECTED:
             self.close_server()
+        elif state.link is Link.WANTED:
+            self._out.add(act.CancelAcquire())
         out = self._out
         out.abort_transaction()
         state.enter(Stage.CLOSED)
@@ -635,7 +668,9 @@ class Relay:
 
     def _timer_expired(self) -> None:
         state, out, host = self._state, self._out, self._host
-        if state.link is Link.HANDSHAKE:
+        if state.link is Link.WANTED:
+            self._lease.wait_ran_out()
+        elif state.link is Link.HANDSHAKE:
             self._upgrade.broken("TLS handshake timed out")
         elif state.stage is Stage.BODY:
             out.note("client timeout in the middle of the message")
@@ -665,6 +700,8 @@ class Relay:
         link = state.link
         if link is Link.HANDSHAKE:
             timer = (self._cfg.timeouts.helo, True)
+        elif link is Link.WANTED:  # waiting for a slot of the destination
+            timer = (self._cfg.timeouts.hold_max, True)
         elif state.awaiting:
             head = state.awaiting[0]
             seconds = head.timeout

@@ -9,7 +9,8 @@ into ``421 4.3.0`` for that session):
   commands, a message body arriving, closed;
 * ``Input``, the client's input: open, discarded (it broke the pipelining rules), or
   ended (it half-closed and reads on);
-* ``Link``, the MX connection: none, dialling, open, in the TLS handshake, gone;
+* ``Link``, the MX connection: none, wanted (late binding: waiting for a slot),
+  dialling, set up by us (late binding), open, in the TLS handshake, gone;
 * ``Message``, the message of the transaction under way: none, its body arriving, or
   judged by the filters (filter mode).
 
@@ -21,7 +22,8 @@ Beside them, two queues hold the conversation:
   does when it reaches the client depends on the slot's ``Owed`` kind.
 * ``awaiting``: one ``Sent`` per command sent to the MX whose reply has not come, in
   order; a forwarded command fills its client slot, the proxy's own (STARTTLS, the EHLO
-  after TLS, keepalives, QUIT) fill none. What an MX reply does when it arrives depends
+  after TLS, keepalives, QUIT, a late set-up's greeting and EHLO) fill none. With late
+  binding, commands wait in ``held`` until the link is ready. What an MX reply does when it arrives depends
   on the ``Await`` kind.
 """
 
@@ -56,11 +58,13 @@ class Input(enum.Enum):
 
 
 class Link(enum.Enum):
-    NONE = "none"  # no MX connection (not yet dialled)
-    DIALLING = "dialling"  # ConnectServer is out
-    OPEN = "open"  # connected: commands can be written, replies read
+    NONE = "none"  # no MX connection: not asked for yet, or handed back (late binding)
+    WANTED = "wanted"  # late binding: asked for one (AcquireServer), waiting for a slot
+    DIALLING = "dialling"  # being dialled
+    SETUP = "setup"  # late binding: connected; our own greeting/EHLO/STARTTLS under way
+    OPEN = "open"  # ready: commands can be written, replies read
     HANDSHAKE = "handshake"  # the TLS handshake: nothing is written or read
-    GONE = "gone"  # closed, lost or handed back: never used again by this session
+    GONE = "gone"  # closed or lost for good: never used again by this session
 
 
 class Message(enum.Enum):
@@ -83,10 +87,15 @@ _INPUT_MOVES = {
     Input.DISCARDED: frozenset(),  # its end of stream changes nothing then
 }
 _LINK_MOVES = {
-    Link.NONE: frozenset({Link.DIALLING, Link.OPEN, Link.GONE}),  # OPEN: a reused one
-    Link.DIALLING: frozenset({Link.OPEN, Link.GONE}),
-    Link.OPEN: frozenset({Link.HANDSHAKE, Link.GONE}),
-    Link.HANDSHAKE: frozenset({Link.OPEN, Link.GONE}),
+    # OPEN: a reused connection; WANTED: late binding asks for one
+    Link.NONE: frozenset({Link.WANTED, Link.DIALLING, Link.OPEN, Link.GONE}),
+    # granted: dialled, or an idle one (ready, or after a new EHLO); NONE: the wait ran out
+    Link.WANTED: frozenset({Link.DIALLING, Link.SETUP, Link.OPEN, Link.NONE, Link.GONE}),
+    # OPEN: the client drives the set-up; SETUP: we do; WANTED: refused, back in line
+    Link.DIALLING: frozenset({Link.OPEN, Link.SETUP, Link.WANTED, Link.GONE}),
+    Link.SETUP: frozenset({Link.OPEN, Link.HANDSHAKE, Link.WANTED, Link.GONE}),
+    Link.OPEN: frozenset({Link.HANDSHAKE, Link.NONE, Link.GONE}),  # NONE: handed back
+    Link.HANDSHAKE: frozenset({Link.OPEN, Link.SETUP, Link.GONE}),
     Link.GONE: frozenset(),
 }
 _MESSAGE_MOVES = {
@@ -153,10 +162,12 @@ class Slot:
 
 @dataclass(slots=True)
 class Sent:
-    """A command out to the MX whose reply has not come."""
+    """A command out to the MX whose reply has not come (or held until the link is
+    ready, late binding)."""
 
     what: Await
     slot: Slot | None = None  # the client's slot this reply fills; None: ours
+    command: Command | None = None  # ours in a late set-up: the EHLO/HELO to repeat
     fallback: Reply | None = None  # STARTTLS: the plaintext EHLO reply, if it is refused
     timeout: float | None = None  # seconds the MX has to answer (the relay works it out)
 
@@ -164,8 +175,8 @@ class Sent:
 class RelayState:
     """The relay's state (see the module docstring); every move is checked."""
 
-    __slots__ = ("awaiting", "draining", "errors", "input", "link", "message", "mx_heard_at",
-                 "owed", "stage")  # fmt: skip
+    __slots__ = ("awaiting", "draining", "errors", "held", "input", "link", "message",
+                 "mx_heard_at", "owed", "stage")  # fmt: skip
 
     def __init__(self) -> None:
         self.stage = Stage.OPENING
@@ -175,6 +186,8 @@ class RelayState:
         self.draining = False  # shutdown asked: end once no transaction is open
         self.owed: deque[Slot] = deque()
         self.awaiting: deque[Sent] = deque()
+        # late binding: client commands waiting for the MX link to be ready, in order
+        self.held: deque[tuple[Command, Sent]] = deque()
         self.errors = 0  # local error replies so far
         self.mx_heard_at = 0.0  # the last exchange with the MX (filter mode's keepalive clock)
 

@@ -19,9 +19,10 @@ from mailsluice.relay.records import Direction
 from mailsluice.relay.state import Await, Link, RelayState, Sent, Slot
 from mailsluice.smtp import ehlo
 from mailsluice.smtp import replies as rp
+from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
-HelloMemo = Callable[[Slot, Reply], None]  # keeps what the client was told (reuse)
+HelloMemo = Callable[[Slot | None, Reply], None]  # keeps what the client was told
 
 
 class TlsUpgrade:
@@ -49,37 +50,38 @@ class TlsUpgrade:
         self._remember = remember
 
     def hello_reply(self, sent: Sent, reply: Reply, *, more_buffered: bool) -> None:
-        """The MX answered EHLO/HELO (before TLS, or after it: ``HELLO_AFTER_TLS``)."""
+        """The MX answered EHLO/HELO (before TLS, or after it: ``HELLO_AFTER_TLS``): the
+        client's (``sent.slot``), or ours in a late set-up (``sent.command``)."""
         slot = sent.slot
-        assert slot is not None
+        command = slot.command if slot is not None else sent.command
         account = self._out.account
         offered = ehlo.keywords(reply) if reply.is_positive else {}
         first = sent.what is Await.HELLO and account.tls is None  # never TLS inside TLS
-        is_ehlo = slot.command is not None and slot.command.verb == "EHLO"
+        is_ehlo = command is not None and command.verb == "EHLO"
         if first and is_ehlo and self._allowed and "STARTTLS" in offered:
             if more_buffered:  # sent before our STARTTLS: it cannot be its answer
                 self._relay.protocol_error("reply before STARTTLS was sent")
                 return
             self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
-            self._state.awaiting.appendleft(Sent(Await.STARTTLS, slot, fallback=reply))
+            starttls = Sent(Await.STARTTLS, slot, fallback=reply, command=sent.command)
+            self._state.awaiting.appendleft(starttls)
             self._out.ours_to_server(b"STARTTLS")
             return
-        self._answer(slot, reply)
+        self._answer(slot, command, reply)
 
     def starttls_reply(self, sent: Sent, reply: Reply, *, clean_cut: bool) -> None:
         """The MX answered our STARTTLS; ``clean_cut``: nothing followed its reply."""
         self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
         slot, fallback = sent.slot, sent.fallback
-        assert slot is not None
         assert fallback is not None
         if reply.code != 220:
             self._out.note("MX refused STARTTLS; continuing in plaintext")
-            self._answer(slot, fallback)
+            self._answer(slot, slot.command if slot is not None else sent.command, fallback)
             return
         if not clean_cut:
             self.injection()
             return
-        self._state.awaiting.appendleft(Sent(Await.HELLO_AFTER_TLS, slot))
+        self._state.awaiting.appendleft(Sent(Await.HELLO_AFTER_TLS, slot, command=sent.command))
         self._state.move_link(Link.HANDSHAKE)
         self._out.add(act.StartServerTls())
 
@@ -87,10 +89,11 @@ class TlsUpgrade:
         """The handshake is done: the client's EHLO again, over TLS."""
         self._out.account.tls = (version, cipher, verified)
         self._out.note(f"TLS established: {version} {cipher} verified={verified}")
-        self._state.move_link(Link.OPEN)
-        slot = self._state.awaiting[0].slot
-        assert slot is not None
-        command = slot.command
+        after = self._state.awaiting[0]
+        slot = after.slot
+        # the client's EHLO again (the client drives the set-up), or ours (late binding)
+        self._state.move_link(Link.OPEN if slot is not None else Link.SETUP)
+        command = slot.command if slot is not None else after.command
         assert command is not None
         self._out.client_line(command.line, Direction.PROXY_TO_SERVER)  # ours, this time
         self._out.add(act.SendToServer(command.wire))
@@ -106,10 +109,15 @@ class TlsUpgrade:
         reply = Reply.make(421, "4.7.0", f"{self._host} Error: TLS negotiation failed")
         self._relay.fail(reply, "tls-injection")
 
-    def _answer(self, slot: Slot, reply: Reply) -> None:
-        """The client's reply to its EHLO (the MX's, edited for the client) or HELO."""
-        ehlo_verb = slot.command is not None and slot.command.verb == "EHLO"
+    def _answer(self, slot: Slot | None, command: Command | None, reply: Reply) -> None:
+        """The final answer to an EHLO (edited for the client) or HELO: the client's
+        reply, or (``slot`` None) the end of a late set-up, which the lease takes."""
+        ehlo_verb = command is not None and command.verb == "EHLO"
         edited = ehlo.edit_for_client(reply, self._size_limit) if ehlo_verb else reply
+        if slot is None:
+            self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+            self._remember(None, edited)
+            return
         if edited != reply:
             self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
             slot.direction = Direction.PROXY_TO_CLIENT

@@ -1,0 +1,291 @@
+"""Late binding (pure): the session borrows an MX connection per transaction.
+
+With fair sharing, a session does not own an MX connection from its first byte. The
+destination's connections are shared by its tenants through the shell's scheduler; a
+session asks for one (``AcquireServer``) only when a transaction needs it, and hands it
+back (``ReleaseServer``) as soon as the transaction is over:
+
+* **greeting and EHLO from memory.** What the destination said before (its greeting,
+  its EHLO reply as the client sees it: ``cached``) greets the client and answers its
+  EHLO at once, with no connection. The first session to a destination (nothing in
+  memory) asks for a connection at once and the client drives its set-up, as without
+  late binding; what the MX says becomes the memory.
+* **a transaction waits for a slot.** At MAIL FROM (or any command for the MX) the
+  relay asks; MAIL, and what the client pipelines after it, wait in ``held`` (the client
+  waits for MAIL's reply, which RFC 5321 lets take 5 minutes) until the shell hands an
+  idle connection of the tenant (``ServerReused``) or dials a new one (``ServerGranted``,
+  ``ServerConnected``). After ``hold_max`` without one: ``451 4.4.5`` to what waits.
+* **our own set-up.** A new connection gets the MX's greeting, the client's EHLO (or
+  HELO) name, STARTTLS when offered (``upgrade``), and EHLO again, all ours; then the
+  held commands go out. A reused one is ready (or gets the EHLO again, when the client
+  used another name).
+* **capacity refusals are ours.** A set-up greeting that says the MX has too many of
+  our connections (``capacity_refusal``), or a connection lost during the set-up, is
+  ``Requeue``: the shell learns the limit and puts the transaction back in line; the
+  tenant never sees it. Every other reply of the MX reaches the client unchanged.
+
+The rule that never bends is untouched: the client's 2xx to end-of-data is still the
+MX's 2xx, relayed as it came.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mailsluice.relay import actions as act
+from mailsluice.relay.accounting import address_text
+from mailsluice.relay.outbox import Conductor, Outbox
+from mailsluice.relay.records import Direction
+from mailsluice.relay.state import (
+    Await,
+    Link,
+    Message,
+    Owed,
+    RelayState,
+    Sent,
+    Slot,
+    Stage,
+)
+from mailsluice.smtp.commands import Command, parse_command
+from mailsluice.smtp.replies import Reply
+
+__all__ = ["BorrowedLease"]
+
+_WAIT_RAN_OUT = Reply.make(451, "4.4.5", "Error: the destination is busy, try again later")
+_BYE = Reply.make(221, "2.0.0", "Bye")
+_OK = Reply.make(250, "2.0.0", "Ok")
+# What needs no connection while none is held (the MX would answer so too).
+_IDLE_ANSWERS = {
+    "NOOP": _OK,
+    "RSET": _OK,
+    "VRFY": Reply.make(252, "2.0.0", "Cannot VRFY user; try RCPT to attempt delivery"),
+    "EXPN": Reply.make(502, "5.5.1", "Error: command not implemented"),
+    "HELP": Reply.make(214, "2.0.0", "See RFC 5321"),
+}
+
+
+class BorrowedLease:
+    """A connection per transaction, from the destination's fair share."""
+
+    __slots__ = ("_capacity", "_destination", "_greeting", "_hello", "_host", "_link_hello",
+                 "_memo", "_out", "_relay", "_state")  # fmt: skip
+
+    def __init__(
+        self,
+        state: RelayState,
+        out: Outbox,
+        relay: Conductor,
+        *,
+        destination: str,
+        hostname: str,
+        cached: act.UpstreamState | None,
+        capacity: re.Pattern[str] | None,
+    ) -> None:
+        self._state = state
+        self._out = out
+        self._relay = relay
+        self._destination = destination
+        self._host = hostname
+        self._capacity = capacity
+        self._memo = cached  # the destination's greeting and EHLO reply, as last heard
+        self._greeting: Reply | None = cached.greeting if cached else None  # of the link
+        self._hello: Command | None = None  # the client's last EHLO/HELO: what a set-up says
+        self._link_hello: str | None = None  # what the current link was told ("EHLO name")
+
+    # ------------------------------------------------------------------ the session
+    def start(self) -> None:
+        state, memo = self._state, self._memo
+        if memo is None:  # first contact: a connection now; the client drives its set-up
+            slot = Slot(Owed.GREETING)
+            state.owed.append(slot)
+            state.awaiting.append(Sent(Await.GREETING, slot))
+            self._want()
+            return
+        state.enter(Stage.COMMANDS)
+        self._out.note(f"greeted from {self._destination}'s last answer; a connection is "
+                       "taken when a transaction needs one")  # fmt: skip
+        self._out.to_client(memo.greeting, Direction.PROXY_TO_CLIENT)
+
+    def hello(self, command: Command) -> bool:
+        self._hello = command
+        memo = self._memo
+        if self._state.link is Link.OPEN or memo is None:
+            return False  # a connection is held (or nothing is known yet): the MX answers
+        out = self._out
+        out.abort_transaction()
+        out.account.helo = address_text(command.argument)
+        out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+        if command.verb == "EHLO":
+            reply = memo.hello_reply
+        else:  # HELO: the greeting line of the capability list, alone
+            reply = Reply(memo.hello_reply.code, memo.hello_reply.lines[:1])
+        self._relay.local(reply)
+        return True
+
+    def reachable(self) -> bool:
+        return self._state.link is not Link.GONE
+
+    def idle_answer(self, command: Command) -> bool:
+        """A command that needs no connection while none is held: answered here."""
+        if self._state.link is not Link.NONE or command.verb not in _IDLE_ANSWERS:
+            return False
+        if command.verb == "RSET":
+            self._out.abort_transaction()
+        self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+        self._relay.local(_IDLE_ANSWERS[command.verb])
+        return True
+
+    def quit(self, command: Command) -> bool:
+        if self._state.link is not Link.NONE:
+            return False  # held behind a transaction, or sent on the connection it has
+        self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+        self._relay.local(_BYE, close="quit")
+        return True
+
+    def need_link(self) -> None:
+        if self._state.link is Link.NONE:
+            self._want()
+
+    def _want(self) -> None:
+        self._state.move_link(Link.WANTED)
+        self._out.add(act.AcquireServer())
+
+    # ------------------------------------------------------------------ the link
+    def granted(self) -> None:
+        state = self._state
+        state.move_link(Link.DIALLING)
+        if not state.awaiting:  # ours to set up (at first contact the client's greeting)
+            state.awaiting.append(Sent(Await.GREETING))
+
+    def connected(self) -> None:
+        state = self._state
+        client_drives = bool(state.awaiting) and state.awaiting[0].slot is not None
+        state.move_link(Link.OPEN if client_drives else Link.SETUP)
+
+    def reused(self, upstream: act.ReusedUpstream) -> None:
+        memo = self._memo = upstream.state
+        self._greeting = memo.greeting
+        self._out.account.tls = memo.tls
+        self._out.note(f"connection to {self._destination} from {upstream.source} "
+                       f"(transaction {upstream.sessions + 1} on it)")  # fmt: skip
+        self._link_hello = memo.hello
+        hello = self._hello
+        if hello is None or _hello_text(hello) == memo.hello:
+            self._ready()
+        else:  # the client uses another name: the MX hears it first
+            self._state.move_link(Link.SETUP)
+            self._send_hello()
+
+    def setup_greeting(self, reply: Reply) -> None:
+        if reply.code == 220:
+            self._greeting = reply
+            self._send_hello()
+            return
+        self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+        capacity = self._capacity
+        if reply.is_transient and capacity is not None and capacity.search(reply.text):
+            self._requeue(f"the MX has too many of our connections: {reply.transcript()}")
+            return
+        self._out.note("the MX refused the connection")
+        self._relay.fail(reply, "upstream-refused")
+
+    def setup_lost(self, reason: str) -> None:
+        self._requeue(f"connection lost during its set-up: {reason}")
+
+    def _requeue(self, reason: str) -> None:
+        state = self._state
+        self._out.note(f"{reason}; the transaction waits for a connection again")
+        state.awaiting.clear()  # only our own set-up was out: the held commands wait on
+        state.move_link(Link.WANTED)
+        self._out.add(act.Requeue(reason))
+
+    def _send_hello(self) -> None:
+        hello = self._hello or _default_hello(self._host)
+        self._link_hello = _hello_text(hello)
+        self._out.client_line(hello.line, Direction.PROXY_TO_SERVER)
+        self._out.add(act.SendToServer(hello.wire))
+        self._state.awaiting.append(Sent(Await.HELLO, command=hello))
+
+    def remember_greeting(self, reply: Reply) -> None:
+        """First contact: the MX's greeting reached the client."""
+        self._greeting = reply if reply.code == 220 else None
+
+    def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
+        greeting = self._greeting
+        command = slot.command if slot is not None else self._hello or _default_hello(self._host)
+        if slot is not None:  # the client's own EHLO, relayed (first contact, or a new one)
+            self._link_hello = _hello_text(command) if command is not None else None
+        if client_reply.is_positive and greeting is not None and self._link_hello is not None:
+            self._memo = act.UpstreamState(
+                greeting, self._link_hello, client_reply, self._out.account.tls
+            )
+        if slot is None:  # our own set-up is done
+            if client_reply.is_positive:
+                self._ready()
+            else:
+                self._out.note("the MX refused our EHLO")
+                self._relay.fail(client_reply, "upstream-refused")
+
+    def _ready(self) -> None:
+        """The link is set up: the held commands go out, in order."""
+        state = self._state
+        state.move_link(Link.OPEN)
+        out = self._out
+        while state.held:
+            command, sent = state.held.popleft()
+            out.command_to_server(command)
+            state.awaiting.append(sent)
+
+    def after_reply(self) -> None:
+        """Hand the connection back once it is idle: no transaction, nothing out or held."""
+        state = self._state
+        memo = self._memo
+        if (
+            state.link is not Link.OPEN
+            or state.awaiting
+            or state.held
+            or state.stage is not Stage.COMMANDS
+            or state.message is not Message.NONE
+            or self._out.account.transaction is not None
+            or memo is None
+        ):
+            return
+        state.move_link(Link.NONE)
+        self._out.add(act.ReleaseServer(memo))
+
+    def deferred(self) -> None:
+        """A deferral is the tenant's business here; the connection stays usable."""
+
+    def wait_ran_out(self) -> None:
+        """No slot within ``hold_max``: 451 4.4.5 to what waits; the session goes on."""
+        state, out = self._state, self._out
+        out.note(f"no connection to {self._destination} within the wait: 451 4.4.5")
+        out.add(act.CancelAcquire())
+        state.move_link(Link.NONE)
+        if state.awaiting and state.awaiting[0].what is Await.GREETING:  # first contact
+            state.awaiting.clear()
+            self._relay.fail(_WAIT_RAN_OUT, "destination-busy")
+            return
+        while state.held:
+            command, sent = state.held.popleft()
+            slot = sent.slot
+            assert slot is not None
+            reply = _BYE if command.verb == "QUIT" else _IDLE_ANSWERS.get(command.verb)
+            if reply is None or command.verb in ("VRFY", "EXPN", "HELP"):
+                reply = _WAIT_RAN_OUT
+            slot.kind, slot.reply, slot.direction = Owed.PLAIN, reply, Direction.PROXY_TO_CLIENT
+            if command.verb == "QUIT":
+                slot.close = "quit"
+        out.transaction_ended("deferred", _WAIT_RAN_OUT)
+        self._relay.flush()
+
+
+def _hello_text(command: Command) -> str:
+    return f"{command.verb} {address_text(command.argument)}"
+
+
+def _default_hello(hostname: str) -> Command:
+    """The EHLO a set-up sends for a client that sent none (a real MX sees one)."""
+    parsed = parse_command(f"EHLO {hostname}".encode())
+    assert isinstance(parsed, Command)
+    return parsed
