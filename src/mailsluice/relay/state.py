@@ -22,9 +22,9 @@ Beside them, two queues hold the conversation:
   does when it reaches the client depends on the slot's ``Owed`` kind.
 * ``awaiting``: one ``Sent`` per command sent to the MX whose reply has not come, in
   order; a forwarded command fills its client slot, the proxy's own (STARTTLS, the EHLO
-  after TLS, keepalives, QUIT, a late set-up's greeting and EHLO) fill none. With late
-  binding, commands wait in ``held`` until the link is ready. What an MX reply does when it arrives depends
-  on the ``Await`` kind.
+  after TLS, keepalives, QUIT, a late set-up's greeting and EHLO) fill none. What an MX
+  reply does when it arrives depends on the ``Await`` kind. With late binding, commands
+  wait in ``held`` until the link is ready.
 """
 
 from __future__ import annotations
