@@ -154,7 +154,8 @@ def test_a_capacity_refusal_is_the_proxys_business_the_transaction_waits_again()
         >> s(b"421 4.7.0 mx.example Error: too many connections from 203.0.113.5\r\n")
         << act.Requeue(
             "the MX has too many of our connections: "
-            "421 4.7.0 mx.example Error: too many connections from 203.0.113.5"
+            "421 4.7.0 mx.example Error: too many connections from 203.0.113.5",
+            capacity=True,
         )
         >> ev.ServerReused(REUSED)  # later: a slot, an idle connection
         << to_s(MAIL)
@@ -163,6 +164,9 @@ def test_a_capacity_refusal_is_the_proxys_business_the_transaction_waits_again()
     )
     assert book
     assert not [a for a in book.seen if isinstance(a, act.SendToClient) and b"421" in a.data]
+    deferred = [a for a in book.seen if isinstance(a, act.MxDeferred)]
+    assert deferred == [act.MxDeferred(421, "4.7.0 mx.example Error: too many connections from "
+                                            "203.0.113.5")]  # fmt: skip
 
 
 def test_a_connection_lost_during_its_set_up_is_requeued_too() -> None:
@@ -171,7 +175,7 @@ def test_a_connection_lost_during_its_set_up_is_requeued_too() -> None:
         >> ev.ServerGranted()
         >> CONNECTED
         >> ev.ServerClosed("reset by peer")
-        << act.Requeue("connection lost during its set-up: reset by peer")
+        << act.Requeue("connection lost during its set-up: reset by peer", capacity=False)
     )
     assert book
 

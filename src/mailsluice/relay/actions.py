@@ -140,6 +140,16 @@ class Requeue:
     its limit and put the transaction back in line, else answer ``ServerConnectFailed``."""
 
     reason: str
+    capacity: bool  # the MX said so (a capacity greeting); else the shell judges
+
+
+@dataclass(frozen=True, slots=True)
+class MxDeferred:
+    """The MX answered something with a 4xx (its text): for the destination's deferral
+    counts and the responses its rules ask for (rate, reputation...)."""
+
+    code: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,4 +175,5 @@ Action = (
     | AcquireServer
     | CancelAcquire
     | Requeue
+    | MxDeferred
 )

@@ -184,20 +184,21 @@ class BorrowedLease:
         self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
         capacity = self._capacity
         if reply.is_transient and capacity is not None and capacity.search(reply.text):
-            self._requeue(f"the MX has too many of our connections: {reply.transcript()}")
+            reason = f"the MX has too many of our connections: {reply.transcript()}"
+            self._requeue(reason, capacity=True)
             return
         self._out.note("the MX refused the connection")
         self._relay.fail(reply, "upstream-refused")
 
     def setup_lost(self, reason: str) -> None:
-        self._requeue(f"connection lost during its set-up: {reason}")
+        self._requeue(f"connection lost during its set-up: {reason}", capacity=False)
 
-    def _requeue(self, reason: str) -> None:
+    def _requeue(self, reason: str, *, capacity: bool) -> None:
         state = self._state
         self._out.note(f"{reason}; the transaction waits for a connection again")
         state.awaiting.clear()  # only our own set-up was out: the held commands wait on
         state.move_link(Link.WANTED)
-        self._out.add(act.Requeue(reason))
+        self._out.add(act.Requeue(reason, capacity))
 
     def _send_hello(self) -> None:
         hello = self._hello or _default_hello(self._host)

@@ -429,6 +429,7 @@ class Relay:
         state = self._state
         if 400 <= reply.code < 500:
             self._lease.deferred()
+            self._out.add(act.MxDeferred(reply.code, reply.text))
         if not state.awaiting:
             if reply.code == 421:
                 self._out.line(Direction.SERVER_TO_CLIENT, reply.transcript())
