@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         help="keep MX connections a session leaves cleanly for the client's next session",
     )
+    serve.add_argument(
+        "--no-fair-sharing",
+        dest="fair_sharing",
+        action="store_const",
+        const=False,
+        help="a connection per session, first come first served (fair sharing is on)",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every session event")
 
     check = sub.add_parser("check-config", help="validate a configuration file")
@@ -112,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sessions.add_argument("--limit", type=int, default=50, help="at most N sessions (0: all)")
     _session_filter_options(sessions)
+
+    destinations = sub.add_parser(
+        "destinations", help="each destination's limit, connections and waiting tenants"
+    )
+    _common_log_options(destinations)
+    destinations.add_argument("--json", action="store_true", help="one JSON object per line")
+    destinations.add_argument("--state", type=Path, help="the state file (default: beside the log)")
 
     transcript = sub.add_parser("transcript", help="print one session's commands and replies")
     _common_log_options(transcript)
@@ -137,6 +151,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     listen: list[str] | None = getattr(args, "listen", None)  # repeatable
     if listen:
         flags["listen"] = listen[0] if len(listen) == 1 else listen
+    if getattr(args, "fair_sharing", None) is False:
+        flags["fair"] = replace(settings.fair, enabled=False)
     if getattr(args, "allow", None):
         flags["allow"] = list(args.allow)
     settings = settings_from_mapping(flags, settings) if flags else settings
@@ -239,6 +255,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         settings = replace(settings, log=log_url)
     if args.command == "sessions":
         return _sessions(args, settings)
+    if args.command == "destinations":
+        from mailsluice.destinations_cli import print_destinations
+        from mailsluice.runtime.statefile import state_path
+
+        path = args.state or state_path(settings.state_file, settings.log)
+        return print_destinations(path, as_json=args.json)
     if args.command == "transcript":
         from mailsluice.sessionlog.cli_commands import print_transcript
 

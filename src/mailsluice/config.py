@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from mailsluice.fairconfig import FairConfigError, FairSettings
+from mailsluice.fairconfig import parse as parse_fair
 from mailsluice.logplace import DEFAULT_LOG as DEFAULT_LOG
 from mailsluice.plugins.settings import (
     FilteringSettings,
@@ -96,6 +98,12 @@ class Settings:
     plugins: tuple[PluginSpec, ...] = ()  # watching plugins
     filters: tuple[FilterSpec, ...] = ()  # the message filter chain, in order
     filtering: FilteringSettings = field(default_factory=FilteringSettings)
+    # fair sharing of a destination between tenants: late binding, the waiting room,
+    # learned limits ([fair_sharing], [[destinations]], [[tenants]], [[deferral_rules]])
+    fair: FairSettings = field(default_factory=FairSettings)
+    # the destinations' state (``mailsluice destinations``, learned limits kept across
+    # restarts); None: ``destinations.json`` beside a file log, else not written
+    state_file: str | None = None
 
     @property
     def listen_addresses(self) -> tuple[HostPort, ...]:
@@ -226,8 +234,19 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
 def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Settings:
     relay = settings.relay
     top: dict[str, Any] = {}
+    fair_keys = ("fair_sharing", "destinations", "tenants", "deferral_rules")
+    if any(key in data for key in fair_keys):
+        table = data.get("fair_sharing")
+        if table is not None and not isinstance(table, Mapping):
+            raise ConfigError("fair_sharing: expected a table, e.g. [fair_sharing]")
+        try:
+            top["fair"] = parse_fair(table, *(data.get(k) for k in fair_keys[1:]))
+        except FairConfigError as exc:
+            raise ConfigError(str(exc)) from None
     for key, raw in data.items():
         match key:
+            case "fair_sharing" | "destinations" | "tenants" | "deferral_rules":
+                pass  # read above, together
             case "listen":
                 top["listen"] = _listen(raw, key)
             case "upstream":
@@ -242,6 +261,8 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top["allow"] = _allow(raw, key)
             case "log":
                 top["log"] = _log_url(_string(raw, key), key)
+            case "state_file":
+                top["state_file"] = _string(raw, key) or None
             case "log_queue_limit":
                 top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
             case "workers":

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mailsluice.config import HostPort, Settings
+from mailsluice.fairconfig import FairSettings
 from mailsluice.relay.config import RelayConfig, Timeouts
 from mailsluice.runtime.server import Proxy
 
@@ -23,7 +24,8 @@ def proxy_factory(tmp_path: Path) -> ProxyFactory:
 
     Listens on 127.0.0.1 (free port), relays to the given upstream, logs to SQLite in
     ``tmp_path``. Relay settings (``bare_newline=...``, ``timeouts=Timeouts(...)``) and
-    top-level settings (``settings=dict(...)``) can be overridden.
+    top-level settings (``settings=dict(...)``) can be overridden; ``fair=FairSettings()``
+    turns fair sharing (late binding) on, which the product has on by default.
     """
 
     @asynccontextmanager
@@ -32,6 +34,7 @@ def proxy_factory(tmp_path: Path) -> ProxyFactory:
         *,
         settings: dict[str, Any] | None = None,
         timeouts: dict[str, float] | None = None,
+        fair: FairSettings | None = None,
         **relay: Any,
     ) -> AsyncIterator[Proxy]:
         relay_cfg = replace(RelayConfig(), **relay)
@@ -42,6 +45,9 @@ def proxy_factory(tmp_path: Path) -> ProxyFactory:
             upstream=HostPort(*upstream),
             log=f"sqlite:{tmp_path / 'sessions.db'}",
             relay=relay_cfg,
+            # the relay's own suites run with a connection per session; fair sharing (on
+            # in the product) is given explicitly by its tests (test_proxy_fair*.py)
+            fair=fair if fair is not None else FairSettings(enabled=False),
         )
         if settings:
             config = replace(config, **settings)

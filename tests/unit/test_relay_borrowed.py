@@ -276,3 +276,19 @@ def test_only_the_mxs_2xx_to_the_dot_reaches_the_client_through_a_late_link() ->
         << act.CloseClient()
     )
     assert book
+
+
+def test_first_contact_granted_a_connection_already_greeted_gets_its_greeting() -> None:
+    """Sessions that came first together wait at the greeting; one of them may be given
+    a connection another set up: the client gets that connection's greeting."""
+    book = (
+        Playbook(borrowed(cached=None))
+        >> START
+        << act.AcquireServer()
+        >> ev.ServerReused(REUSED)
+        << to_c(GREETING)
+        << act.ReleaseServer(MEMO)  # idle: back at once; the EHLO from what it told
+        >> c(EHLO)
+        << to_c(EHLO_REPLY)
+    )
+    assert book

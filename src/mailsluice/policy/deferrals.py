@@ -6,10 +6,11 @@ A 4xx from an MX is one of four things, told apart by its text and enhanced code
   connections", Postfix's ``4.7.0 Error: too many connections from``): the learned
   limit drops to what was open (``learned``); the transaction waits for a slot again,
   and the tenant never sees it;
-* **rate**: too many messages or recipients for now ("rate limit", "try again later",
-  ``4.7.28``): the destination is slowed down;
+* **rate**: too many messages or recipients for now ("rate limit", ``4.7.28``): the
+  destination is slowed down (2 connections for 5 minutes);
 * **reputation**: our address is blocked or listed ("blocked", "listed", "Spamhaus",
-  "poor reputation"): the destination is slowed down hard; an operator decides more;
+  "poor reputation"): the destination is slowed down hard (1 connection for 15
+  minutes); an operator decides more;
 * **other**: everything else (a full mailbox, a greylisting, a busy server...).
 
 The patterns below are the usual ones; ``[[deferral_rules]]`` in the configuration add
@@ -38,15 +39,12 @@ class DeferralClass(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """What a class of deferral does to its destination, for ``seconds``.
-
-    ``limit``: at most this many connections; ``rate``: at most this many transactions
-    a second; ``suspend``: no new transaction at all (tenants get 4xx at once)."""
+    """What a class of deferral does to its destination: at most ``limit`` connections
+    for ``seconds`` (fewer connections, so fewer messages at once, is how the proxy slows
+    a destination down without a queue of its own)."""
 
     seconds: float = 0.0
     limit: int | None = None
-    rate: float | None = None
-    suspend: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +69,7 @@ def default_rules() -> tuple[Rule, ...]:
         _rule(
             r"\b4\.7\.28\b|rate.?limit|too many (messages|mails|recipients)|throttl",
             rate,
-            Response(seconds=300.0, rate=1.0),
+            Response(seconds=300.0, limit=2),
         ),
         _rule(
             r"\b(black|block|deny)[ -]?list(ed)?\b|\blisted (at|on|in|by)\b|\bblocked\b|"
@@ -96,8 +94,6 @@ def respond(reply: Reply, rules: Sequence[Rule]) -> Response | None:
     if not reply.is_transient:
         return None
     kind, response = classify(reply, rules)
-    if kind is DeferralClass.OTHER or (
-        response.seconds <= 0 and response.limit is None and response.rate is None
-    ):
+    if kind is DeferralClass.OTHER or response.seconds <= 0 or response.limit is None:
         return None
     return response

@@ -166,6 +166,15 @@ class BorrowedLease:
         memo = self._memo = upstream.state
         self._greeting = memo.greeting
         self._out.account.tls = memo.tls
+        state = self._state
+        waiting = state.awaiting[0] if state.awaiting else None
+        if waiting is not None and waiting.what is Await.GREETING and waiting.slot is not None:
+            # first contact that waited for a slot and got a connection already greeted:
+            # the client gets that greeting (the MX's own, remembered)
+            state.awaiting.popleft()
+            slot = waiting.slot
+            slot.reply, slot.direction = memo.greeting, Direction.PROXY_TO_CLIENT
+            self._relay.flush()
         self._out.note(f"connection to {self._destination} from {upstream.source} "
                        f"(transaction {upstream.sessions + 1} on it)")  # fmt: skip
         self._link_hello = memo.hello

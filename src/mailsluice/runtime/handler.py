@@ -29,7 +29,10 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
+from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
+from mailsluice.runtime.destinations import Destination, Hold, Idle
+from mailsluice.runtime.dialer import plain_host
 from mailsluice.runtime.filterjob import FilterDriver
 from mailsluice.runtime.linger import LingeringClose
 from mailsluice.runtime.mxleg import MxLeg
@@ -99,10 +102,10 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_filters",
-        "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate", "_server_blocked",
-        "_services", "_timeout", "_timer", "_timer_on_server", "_write_deadline", "mx",
-        "relay",
+        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_destination",
+        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate",
+        "_server_blocked", "_services", "_tenant", "_ticket", "_timeout", "_timer",
+        "_timer_on_server", "_write_deadline", "mx", "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
@@ -116,14 +119,17 @@ class ConnectionHandler:
         self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
         self._timer_on_server = True  # whose silence the timeout measures
         self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
-        timeouts = services.settings.relay.timeouts
+        timeouts = services.relay_config.timeouts
         self._data_block = timeouts.data_block
         self._min_rate = timeouts.client_min_rate
-        self._max_backlog = services.settings.relay.max_pending_input
+        self._max_backlog = services.relay_config.max_pending_input
         self._lingering: LingeringClose | None = None  # a closed client, drained before close
         self._timer: asyncio.TimerHandle | None = None
         self._jobs = _Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
+        self._destination: Destination | None = None  # fair sharing: its share
+        self._tenant = ""  # fair sharing: whose share this connection's transactions use
+        self._ticket: int | None = None  # fair sharing: our place in line, while we wait
         self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
@@ -148,10 +154,18 @@ class ConnectionHandler:
         self.mx = MxLeg(
             services, destination, feed=self._feed, protocol=partial(Side, self, client=False)
         )
-        reused = self.mx.take_pooled(peer[0]) if refusal is None else None
         dest = format_address(destination)
+        fair = services.destinations
+        cached = None
+        if fair is not None and refusal is None:
+            key = (settings.outbound_ip or "", plain_host(destination[0]), destination[1])
+            self._destination = fair.get(key)
+            self._tenant = services.tenant_of(peer[0])
+            cached = self._destination.memo
+            self.mx.refused = self._dial_refused
+        reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
         self.relay = Relay(
-            config=settings.relay,
+            config=services.relay_config,
             session_id=services.new_session_id(),
             client=format_address(peer),
             destination=dest,
@@ -160,6 +174,8 @@ class ConnectionHandler:
             refusal=refusal,
             reused=reused,
             may_release=services.pool is not None,
+            borrowed=self._destination is not None,
+            cached=cached,
             now=now,
         )
 
@@ -275,6 +291,7 @@ class ConnectionHandler:
                 self._feed(ev.ClientClosed())
         elif self.mx.transport is not None:
             self.mx.transport = None
+            self._let_go()
             self._feed(ev.ServerClosed(reason))
 
     def on_write_paused(self, to_client: bool, paused: bool) -> None:
@@ -307,7 +324,14 @@ class ConnectionHandler:
                 if server is not None:
                     server.write(action.data)
             elif isinstance(action, act.Log):
-                self._services.log_writer.submit(action.record)
+                record = action.record
+                self._services.log_writer.submit(record)
+                if (
+                    self._destination is not None
+                    and type(record) is TransactionEnded
+                    and record.outcome == "delivered"
+                ):
+                    self._destination.accepted()
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
                 self._arm(action.seconds)
@@ -324,6 +348,7 @@ class ConnectionHandler:
                 self._jobs.add(self.mx.start_tls)
             case act.CloseServer():
                 self.mx.close()
+                self._let_go()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:
@@ -343,7 +368,28 @@ class ConnectionHandler:
                 if self._filters is not None:
                     self._filters.drop()
             case act.ReleaseServer(state):
-                self.mx.release(state)
+                destination = self._destination
+                if destination is None:
+                    self.mx.release(state)
+                else:
+                    destination.memo = state  # greets the destination's next sessions
+                    entry = self.mx.idle_entry(state)
+                    if entry is not None:
+                        destination.release(entry)
+            case act.AcquireServer():
+                self._ask()
+            case act.CancelAcquire():
+                ticket, self._ticket = self._ticket, None
+                if ticket is not None and self._destination is not None:
+                    self._destination.cancel(ticket)
+            case act.Requeue(reason, capacity):
+                self.mx.abort()
+                self._requeue(reason, capacity=capacity)
+            case act.MxDeferred(code, text):
+                if self._destination is not None:
+                    self._destination.deferred(
+                        code, text, self._services.settings.fair.deferral_rules
+                    )
             case act.TlsBroken():
                 self._services.tls_failed(format_address(self.destination), time.time())
             case _:
@@ -351,6 +397,64 @@ class ConnectionHandler:
 
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed
+
+    # ------------------------------------------------------------ fair sharing
+    def _ask(self) -> None:
+        """Late binding: in line for a slot of the destination (``_granted`` answers)."""
+        destination, fair = self._destination, self._services.destinations
+        assert destination is not None
+        assert fair is not None
+        self._ticket = fair.ticket()
+        destination.ask(self._tenant, self._ticket, self._granted)
+
+    def _granted(self, entry: Idle | None, hold: Hold) -> None:
+        """A slot (on the loop's next turn): the tenant's idle connection, or a dial."""
+        self._ticket = None
+        destination = hold.destination
+        if not self._relay_open():  # we left meanwhile: the slot goes back
+            if entry is not None:
+                destination.release(entry)
+            else:
+                destination.lost(hold)
+            return
+        if entry is not None:
+            self._feed(ev.ServerReused(self.mx.adopt(entry)))
+            return
+        self.mx.hold = hold
+        self._feed(ev.ServerGranted())
+        self._jobs.add(partial(self.mx.connect, self._relay_open))
+
+    def _requeue(self, reason: str, *, capacity: bool) -> None:
+        """The connection was refused before use: back in line if it was for capacity."""
+        hold, destination, fair = self.mx.let_go(), self._destination, self._services.destinations
+        if hold is None or destination is None or fair is None:
+            self._feed_soon(ev.ServerConnectFailed(reason))
+            return
+        self._ticket = fair.ticket()
+        if not destination.refused(hold, self._ticket, self._granted, capacity=capacity):
+            self._ticket = None
+            self._feed_soon(ev.ServerConnectFailed(reason))
+
+    def _dial_refused(self, reason: str) -> bool:
+        """A dial refused or reset: capacity when other connections of ours are up."""
+        hold, destination, fair = self.mx.let_go(), self._destination, self._services.destinations
+        if hold is None or destination is None or fair is None:
+            return False
+        self._ticket = fair.ticket()
+        if destination.refused(hold, self._ticket, self._granted, capacity=False):
+            return True
+        self._ticket = None
+        return False
+
+    def _feed_soon(self, event: ev.Event) -> None:
+        """An event for the relay on the loop's next turn (never inside its own step)."""
+        self._loop.call_soon(self._feed, event)
+
+    def _let_go(self) -> None:
+        """The MX connection is over: its slot is free."""
+        hold = self.mx.let_go()
+        if hold is not None:
+            hold.destination.lost(hold)
 
     def _linger(self, client: asyncio.Transport) -> None:
         """Close the client without destroying our last replies (``runtime.linger``)."""
@@ -424,6 +528,10 @@ class ConnectionHandler:
             self._timer.cancel()
             self._timer = None
         self.mx.close()
+        self._let_go()
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None and self._destination is not None:
+            self._destination.cancel(ticket)
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -26,6 +26,7 @@ from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.runtime import errors
 from mailsluice.runtime.admission import Outbound
+from mailsluice.runtime.destinations import Hold, Idle
 from mailsluice.runtime.dialer import dial
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import format_address
@@ -34,11 +35,38 @@ from mailsluice.runtime.upstreampool import Pooled, PoolKey
 __all__ = ["MxLeg"]
 
 
+class _Early(asyncio.Protocol):
+    """Holds what a new connection says before the dial is done (see ``connect``)."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[str, object]] = []
+
+    def data_received(self, data: bytes) -> None:
+        self._events.append(("data", data))
+
+    def eof_received(self) -> bool:
+        self._events.append(("eof", None))
+        return True  # the real protocol decides when it sees the end of stream
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._events.append(("lost", exc))
+
+    def replay(self, protocol: asyncio.Protocol) -> None:
+        events, self._events = self._events, []
+        for kind, value in events:
+            if kind == "data":
+                protocol.data_received(value)  # type: ignore[arg-type]
+            elif kind == "eof":
+                protocol.eof_received()
+            else:
+                protocol.connection_lost(value)  # type: ignore[arg-type]
+
+
 class MxLeg:
     """The MX side of one connection."""
 
     __slots__ = ("_feed", "_key", "_opened_at", "_outbound", "_protocol", "_services",
-                 "_sessions", "_source", "destination", "transport")  # fmt: skip
+                 "_sessions", "_source", "destination", "hold", "refused", "transport")  # fmt: skip
 
     def __init__(
         self,
@@ -58,24 +86,36 @@ class MxLeg:
         self._source = "?"  # our end, "ip:port"
         self._opened_at = 0.0  # loop time of the dial
         self._sessions = 0  # client sessions before this one on the connection
+        self.hold: Hold | None = None  # fair sharing: the slot this connection counts in
+        # fair sharing: a dial refused or reset may be the MX's capacity (True: handled)
+        self.refused: Callable[[str], bool] | None = None
 
     # ------------------------------------------------------------ dial and TLS
     async def connect(self, still_wanted: Callable[[], bool]) -> None:
-        """Dial the MX and feed the outcome (a connection no longer wanted is closed)."""
+        """Dial the MX and feed the outcome (a connection no longer wanted is closed).
+
+        What the MX sends before the dial returns (uvloop may deliver the greeting with
+        the connection) is held by ``_Early`` and replayed after ``ServerConnected``, so
+        the relay never hears from a connection it does not know is there."""
         services = self._services
         settings = services.settings
         host, port = self.destination
+        early = _Early()
         try:
             transport = await dial(
                 host,
                 port,
                 source_ip=settings.outbound_ip,
                 timeout=settings.relay.timeouts.connect,
-                protocol_factory=self._protocol,
+                protocol_factory=lambda: early,
                 register=self._register,
             )
         except errors.DIAL_ERRORS as exc:
-            self._feed(errors.dial_failed(exc))
+            event = errors.dial_failed(exc)
+            refused = self.refused
+            if isinstance(event, ev.ServerConnectFailed) and refused and refused(event.reason):
+                return  # back in line for a slot: the MX may have said it was full
+            self._feed(event)
             return
         if not still_wanted():
             transport.close()
@@ -83,7 +123,10 @@ class MxLeg:
         self.transport = transport
         self._source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
         self._opened_at, self._sessions = services.loop.time(), 0
+        side = self._protocol()
+        transport.set_protocol(side)
         self._feed(ev.ServerConnected(self._source))
+        early.replay(side)
 
     def _register(self, pair: Outbound) -> None:
         self._outbound = pair
@@ -136,6 +179,34 @@ class MxLeg:
         if self._outbound is not None:
             self._services.hung_up(self._outbound)
             self._outbound = None
+
+    # ------------------------------------------------------------ fair sharing
+    def adopt(self, entry: Idle) -> act.ReusedUpstream:
+        """An idle connection of the tenant's, granted to this connection's transaction."""
+        entry.transport.set_protocol(self._protocol())
+        self.transport, self.hold = entry.transport, entry.hold
+        self._outbound, self._source = entry.outbound, entry.source
+        self._opened_at, self._sessions = entry.opened_at, entry.transactions
+        return act.ReusedUpstream(entry.state, entry.source, entry.transactions)
+
+    def idle_entry(self, state: act.UpstreamState) -> Idle | None:
+        """The connection, handed back after its transaction (the relay released it)."""
+        server, hold = self.transport, self.hold
+        self.transport = self.hold = None
+        if server is None or hold is None:
+            return None
+        entry = Idle(
+            transport=server, hold=hold, state=state, source=self._source,
+            outbound=self._outbound, opened_at=self._opened_at,
+            transactions=self._sessions + 1,
+        )  # fmt: skip
+        self._outbound = None  # the destination owns it now (and forgets it when it drops it)
+        return entry
+
+    def let_go(self) -> Hold | None:
+        """This connection is over for its slot: the hold to give back (at most once)."""
+        hold, self.hold = self.hold, None
+        return hold
 
     # ------------------------------------------------------------ reuse
     def take_pooled(self, client_ip: str) -> act.ReusedUpstream | None:

@@ -41,6 +41,7 @@ from mailsluice.runtime.listener import (
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.statefile import StateFile, read_learned, state_path
 from mailsluice.runtime.workers import hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog import LogWriter, open_log
 from mailsluice.sessionlog.fanout import LogFanout
@@ -48,7 +49,12 @@ from mailsluice.sessionlog.fanout import LogFanout
 log = logging.getLogger("mailsluice.server")
 
 
-def _services(settings: Settings, log_writer: LogWriter, chain: FilterChain | None) -> Services:
+def _services(
+    settings: Settings,
+    log_writer: LogWriter,
+    chain: FilterChain | None,
+    remembered: dict[tuple[str, str, int], int] | None = None,
+) -> Services:
     """The services every connection of this worker shares."""
     local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
     if local:
@@ -59,7 +65,7 @@ def _services(settings: Settings, log_writer: LogWriter, chain: FilterChain | No
         caps=limits.Caps(settings.max_connections, settings.max_connections_per_client),
         transparent=settings.upstream is None,
     )
-    return Services(settings, log_writer, admission, chain)
+    return Services(settings, log_writer, admission, chain, remembered)
 
 
 def open_sinks(settings: Settings) -> LogWriter:
@@ -97,7 +103,10 @@ class Proxy:
         self.settings = settings
         self._own_writer = log_writer is None
         self.log_writer = log_writer or open_sinks(settings)
-        self.services = _services(settings, self.log_writer, chain)
+        self._state_path = state_path(settings.state_file, settings.log)
+        remembered = read_learned(self._state_path) if settings.fair.enabled else {}
+        self.services = _services(settings, self.log_writer, chain, remembered)
+        self._state: StateFile | None = None
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
 
@@ -146,6 +155,10 @@ class Proxy:
         load = self.services.connections.__len__
         self._listeners = [Listener(sock, self._adopt, load) for sock in socks]
         self.services.admission.own_addresses = self.addresses
+        destinations = self.services.destinations
+        if destinations is not None and self._state_path is not None:
+            self._state = StateFile(self._state_path, destinations.views, destinations.learned)
+            self._state.start()
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
 
@@ -166,6 +179,11 @@ class Proxy:
             listener.close()
         if self.services.pool is not None:
             self.services.pool.close()  # idle MX connections get their QUIT now
+        if self.services.destinations is not None:
+            self.services.destinations.close()  # and those kept for a tenant
+        if self._state is not None:
+            self._state.stop()
+            self._state = None
         connections = self.services.connections
         for connection in list(connections):
             connection.shutdown(forced=False)

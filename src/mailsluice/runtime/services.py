@@ -18,12 +18,15 @@ import itertools
 import os
 import socket
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mailsluice.config import Settings
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.policy.tls_memory import TlsFailureMemory
+from mailsluice.relay.config import RelayConfig
 from mailsluice.runtime.admission import Admission, Outbound
+from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.upstreampool import UpstreamPool
@@ -46,7 +49,9 @@ class ConnectionServices(Protocol):
     """The services one connection uses (see the module docstring)."""
 
     settings: Settings
+    relay_config: RelayConfig  # the relay's settings, with what fair sharing adds
     log_writer: LogWriter
+    destinations: Destinations | None  # fair sharing (None: off)
     filter_chain: FilterChain | None
     pool: UpstreamPool | None
     tls_context: ssl.SSLContext
@@ -56,6 +61,8 @@ class ConnectionServices(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
     def new_session_id(self) -> str: ...
+
+    def tenant_of(self, client_ip: str) -> str: ...
 
     def route(self, sock: socket.socket | None) -> tuple[str, int]: ...
 
@@ -87,10 +94,24 @@ class Services:
         log_writer: LogWriter,
         admission: Admission,
         filter_chain: FilterChain | None = None,
+        remembered: dict[tuple[str, str, int], int] | None = None,
     ) -> None:
         self.settings = settings
         self.log_writer = log_writer
         self.admission = admission
+        fair = settings.fair
+        timeouts = replace(settings.relay.timeouts, hold_max=fair.hold_max)
+        self.relay_config = replace(
+            settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern()
+        )
+        self.destinations: Destinations | None = None
+        if fair.enabled:
+            self.destinations = Destinations(
+                rules=fair.limits, fixed=lambda key: fair.fixed_limit(key[1]),
+                weights=fair.weights(), idle_timeout=fair.idle_timeout, max_age=fair.max_age,
+                max_transactions=fair.max_transactions, forget_outbound=admission.outbound.discard,
+                remembered=remembered,
+            )  # fmt: skip
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.tls_context = client_context()
         self.chain_verifier = ChainVerifier()
@@ -103,7 +124,7 @@ class Services:
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self.pool: UpstreamPool | None = None  # idle MX connections (reuse_connections)
-        if settings.reuse_connections:
+        if settings.reuse_connections and not fair.enabled:
             self.pool = UpstreamPool(
                 idle_timeout=settings.reuse_idle_timeout, max_age=settings.reuse_max_age,
                 max_idle=settings.reuse_max_idle, max_sessions=settings.reuse_max_sessions,
@@ -120,6 +141,9 @@ class Services:
 
     def new_session_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids):06d}"
+
+    def tenant_of(self, client_ip: str) -> str:
+        return self.settings.fair.tenant_of(client_ip)
 
     # ----------------------------------------------------------------- routing
     def route(self, sock: socket.socket | None) -> tuple[str, int]:

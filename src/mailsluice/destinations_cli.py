@@ -1,0 +1,78 @@
+"""``mailsluice destinations``: each destination of the running proxy, as it last wrote them.
+
+Reads the state file the proxy writes every two seconds (``runtime.statefile``): per
+destination its limit (learned, or configured), the connections in use and waiting, per
+tenant, capacity refusals and deferrals by class, and how long transactions waited.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["print_destinations"]
+
+STALE = 10.0  # seconds: an older file means the proxy is not running (or not writing)
+
+
+def print_destinations(path: Path | None, *, as_json: bool, out: TextIO = sys.stdout) -> int:
+    if path is None:
+        print(
+            "mailsluice destinations: no state file: the log is not a file; set "
+            "state_file in the configuration (and give it to serve too)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        print(
+            f"mailsluice destinations: {path} does not exist: is the proxy running, with "
+            "fair sharing on, and this log or state_file?",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"mailsluice destinations: {path}: {exc}", file=sys.stderr)
+        return 1
+    age = time.time() - float(data.get("at", 0))
+    if as_json:
+        for view in data.get("destinations", []):
+            out.write(json.dumps(view, sort_keys=True) + "\n")
+        return 0
+    if age > STALE:
+        out.write(f"(written {age:.0f} s ago by pid {data.get('pid')}: not current)\n")
+    rows = [_row(view) for view in data.get("destinations", [])]
+    if not rows:
+        out.write("no destination in use yet\n")
+        return 0
+    header = ("DESTINATION", "LIMIT", "IN USE", "WAITING", "TENANTS", "REFUSED",
+              "DEFERRED", "MEAN WAIT")  # fmt: skip
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        out.write("\n")
+    return 0
+
+
+def _row(view: dict[str, Any]) -> tuple[str, ...]:
+    tenants = view.get("tenants", {})
+    shown = ", ".join(
+        f"{name} {t['busy']}+{t['idle']}" + (f" ({t['waiting']} waiting)" if t["waiting"] else "")
+        for name, t in sorted(tenants.items())
+    )
+    deferrals = ", ".join(f"{k} {v}" for k, v in sorted(view.get("deferrals", {}).items()))
+    limit = f"{view['limit']}" + (" learned" if view.get("learned") else " fixed")
+    return (
+        str(view["destination"]),
+        limit,
+        str(view["in_use"]),
+        str(view["waiting"]),
+        shown or "-",
+        str(view.get("capacity_refusals", 0)),
+        deferrals or "-",
+        f"{view.get('mean_wait_s', 0):.3f} s",
+    )

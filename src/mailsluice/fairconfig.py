@@ -1,0 +1,233 @@
+"""The fair-sharing settings: ``[fair_sharing]``, ``[[destinations]]``, ``[[tenants]]`` and
+``[[deferral_rules]]`` in the configuration file, as frozen values.
+
+```toml
+[fair_sharing]
+enabled = true          # late binding and the waiting room (default on)
+start = 5               # a destination's learned limit starts here ...
+ceiling = 20            # ... and never goes above this
+quiet = 60              # seconds after a capacity refusal before probing upward again
+hold_max = 120          # seconds a transaction waits for a slot, then 451 4.4.5
+idle_timeout = 5        # seconds an idle connection is kept for its tenant
+
+[[destinations]]        # a fixed limit instead of a learned one
+match = "203.0.113.0/24"   # the MX's address, or a network of them
+max_connections = 10
+
+[[tenants]]             # a named group of client networks shares one fair share
+name = "hosting-a"
+networks = ["10.1.0.0/16", "2001:db8:1::/48"]
+weight = 2              # twice the share of a tenant of weight 1
+
+[[deferral_rules]]      # before the built-in patterns; first match wins
+pattern = "(?i)temporarily rate limited"
+class = "rate"          # capacity, rate, reputation or other
+limit = 2               # at most this many connections ...
+seconds = 600           # ... for this long
+```
+
+Every error names the key and the fix (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mailsluice.policy.deferrals import DeferralClass, Response, Rule, default_rules
+from mailsluice.policy.learned import LimitRules
+
+__all__ = ["DestinationRule", "FairSettings", "FairConfigError", "TenantGroup", "parse"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class FairConfigError(ValueError):
+    """A fair-sharing setting that cannot be used (the message names it and the fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationRule:
+    network: Network
+    max_connections: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantGroup:
+    name: str
+    networks: tuple[Network, ...]
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FairSettings:
+    enabled: bool = True
+    limits: LimitRules = field(default_factory=LimitRules)
+    hold_max: float = 120.0
+    idle_timeout: float = 5.0
+    max_age: float = 300.0  # seconds after the dial: not kept idle any longer
+    max_transactions: int = 100  # transactions one connection carries at most
+    destinations: tuple[DestinationRule, ...] = ()
+    tenants: tuple[TenantGroup, ...] = ()
+    deferral_rules: tuple[Rule, ...] = field(default_factory=default_rules)
+
+    def fixed_limit(self, mx_host: str) -> int | None:
+        """The configured limit of the MX at ``mx_host``, if a rule matches it."""
+        try:
+            address = ipaddress.ip_address(mx_host)
+        except ValueError:
+            return None
+        for rule in self.destinations:
+            if address.version == rule.network.version and address in rule.network:
+                return rule.max_connections
+        return None
+
+    def tenant_of(self, client_ip: str) -> str:
+        """The tenant a client address belongs to: its group's name, else itself."""
+        if self.tenants:
+            try:
+                address = ipaddress.ip_address(client_ip.removeprefix("::ffff:"))
+            except ValueError:
+                return client_ip
+            for group in self.tenants:
+                if any(address.version == n.version and address in n for n in group.networks):
+                    return group.name
+        return client_ip.removeprefix("::ffff:")
+
+    def weights(self) -> dict[str, float]:
+        return {group.name: group.weight for group in self.tenants}
+
+    def capacity_pattern(self) -> re.Pattern[str]:
+        """One pattern for what the relay recognises itself: a capacity refusal."""
+        parts = [f"(?:{rule.pattern.pattern})" for rule in self.deferral_rules
+                 if rule.kind is DeferralClass.CAPACITY]  # fmt: skip
+        return re.compile("|".join(parts) or r"(?!)", re.IGNORECASE)
+
+
+def parse(
+    table: Mapping[str, Any] | None,
+    destinations: Any = None,
+    tenants: Any = None,
+    deferral_rules: Any = None,
+) -> FairSettings:
+    """The fair-sharing settings from the TOML values (each may be absent)."""
+    base = FairSettings()
+    top: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    for key, raw in dict(table or {}).items():
+        name = f"fair_sharing.{key}"
+        if key == "enabled":
+            if not isinstance(raw, bool):
+                raise FairConfigError(f"{name}: expected true or false")
+            top["enabled"] = raw
+        elif key in ("start", "ceiling"):
+            limits[key] = _integer(raw, name, minimum=1)
+        elif key == "quiet":
+            limits[key] = _number(raw, name)
+        elif key in ("hold_max", "idle_timeout", "max_age"):
+            top[key] = _number(raw, name, minimum=0.001)
+        elif key == "max_transactions":
+            top[key] = _integer(raw, name, minimum=1)
+        else:
+            raise FairConfigError(f"{name}: unknown key (see docs/configuration.md)")
+    rules = LimitRules(**{**_limit_defaults(base.limits), **limits})
+    if rules.start > rules.ceiling:
+        raise FairConfigError("fair_sharing.start: must not be above fair_sharing.ceiling")
+    top["limits"] = rules
+    top["destinations"] = tuple(_destination(i, d) for i, d in enumerate(_list(destinations)))
+    top["tenants"] = tuple(_tenant(i, t) for i, t in enumerate(_list(tenants)))
+    own = tuple(_deferral(i, r) for i, r in enumerate(_list(deferral_rules)))
+    top["deferral_rules"] = own + default_rules()
+    return FairSettings(**{**_defaults(base), **top})
+
+
+def _defaults(base: FairSettings) -> dict[str, Any]:
+    return {name: getattr(base, name) for name in FairSettings.__dataclass_fields__}
+
+
+def _limit_defaults(rules: LimitRules) -> dict[str, Any]:
+    return {name: getattr(rules, name) for name in LimitRules.__dataclass_fields__}
+
+
+def _list(raw: Any) -> list[Mapping[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(item, Mapping) for item in raw):
+        raise FairConfigError("expected an array of tables ([[name]] in the file)")
+    return raw
+
+
+def _destination(index: int, raw: Mapping[str, Any]) -> DestinationRule:
+    where = f"destinations[{index}]"
+    _only(raw, where, {"match", "max_connections"})
+    match = raw.get("match")
+    if not isinstance(match, str):
+        raise FairConfigError(f"{where}.match: expected an MX address or network, as a string")
+    return DestinationRule(_network(match, f"{where}.match"),
+                           _integer(raw.get("max_connections"), f"{where}.max_connections",
+                                    minimum=1))  # fmt: skip
+
+
+def _tenant(index: int, raw: Mapping[str, Any]) -> TenantGroup:
+    where = f"tenants[{index}]"
+    _only(raw, where, {"name", "networks", "weight"})
+    name, networks = raw.get("name"), raw.get("networks")
+    if not isinstance(name, str) or not name:
+        raise FairConfigError(f"{where}.name: expected a name")
+    if not isinstance(networks, list) or not networks:
+        raise FairConfigError(f"{where}.networks: expected a list of networks")
+    nets = tuple(_network(n, f"{where}.networks") for n in networks)
+    weight = _number(raw.get("weight", 1.0), f"{where}.weight", minimum=0.001)
+    return TenantGroup(name, nets, weight)
+
+
+def _deferral(index: int, raw: Mapping[str, Any]) -> Rule:
+    where = f"deferral_rules[{index}]"
+    _only(raw, where, {"pattern", "class", "limit", "seconds"})
+    pattern = raw.get("pattern")
+    if not isinstance(pattern, str):
+        raise FairConfigError(f"{where}.pattern: expected a regular expression")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise FairConfigError(f"{where}.pattern: {exc}") from None
+    try:
+        kind = DeferralClass(raw.get("class", "other"))
+    except ValueError:
+        raise FairConfigError(
+            f"{where}.class: expected capacity, rate, reputation or other"
+        ) from None
+    limit = raw.get("limit")
+    response = Response(
+        seconds=_number(raw.get("seconds", 0.0), f"{where}.seconds"),
+        limit=None if limit is None else _integer(limit, f"{where}.limit", minimum=1),
+    )
+    return Rule(compiled, kind, response)
+
+
+def _only(raw: Mapping[str, Any], where: str, keys: set[str]) -> None:
+    unknown = set(raw) - keys
+    if unknown:
+        raise FairConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+
+
+def _network(value: Any, key: str) -> Network:
+    try:
+        return ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        raise FairConfigError(f"{key}: {value!r} is not an address or network") from None
+
+
+def _number(raw: Any, key: str, *, minimum: float = 0.0) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < minimum:
+        raise FairConfigError(f"{key}: expected a number of at least {minimum:g}")
+    return float(raw)
+
+
+def _integer(raw: Any, key: str, *, minimum: int = 0) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
+        raise FairConfigError(f"{key}: expected a whole number of at least {minimum}")
+    return raw
