@@ -1,13 +1,13 @@
 """``mailsluice demo``: watch mailsluice relay two messages, then read its session log.
 
-Default: everything in this process, on 127.0.0.1 only. A recording MX (aiosmtpd)
-starts on a free port, the proxy starts in front of it with a fixed upstream, and
-smtplib sends two messages through the proxy: one the MX accepts, one to a
-recipient the MX refuses with 550 -- the client sees the MX's own reply. Then the
-session list and each transcript are printed from the SQLite log.
+Default: everything in this process, on 127.0.0.1 only. The lab's MX (recording into a
+maildir, offering STARTTLS) starts on a free port, the proxy starts in front of it with a
+fixed upstream, and the lab's sender sends two messages through the proxy: one the MX
+accepts, one to a recipient the MX refuses with 550 -- the client sees the MX's own
+reply. Then the session list and each transcript are printed from the SQLite log.
 
 ``--netns`` (root): the same with real interception. Three throw-away network
-namespaces (MSA, gateway, MX; see :mod:`mailsluice.netns`), ``mailsluice serve``
+namespaces (MSA, gateway, MX; see :mod:`mailsluice_lab.netns`), ``mailsluice serve``
 running transparently in the gateway behind an ``iptables REDIRECT`` rule, and the
 client dialling the MX's own address on port 25. Everything is removed at the end.
 
@@ -26,12 +26,18 @@ from email.utils import formatdate
 from pathlib import Path
 from typing import TextIO
 
-from mailsluice import netns
 from mailsluice.config import HostPort, Settings
-from mailsluice.demo_peers import SendResult, read_maildir, send, start_mx
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice_lab.netns.plumbing import NetnsError, unavailable_reason
+from mailsluice_lab.netns.processes import DEMO_MX_HOSTNAME, send_in, start_mx, start_proxy
+from mailsluice_lab.netns.topologies import gateway
+from mailsluice_lab.peers.certs import self_signed_context
+from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.peers.recorders import MaildirRecorder, read_maildir
+from mailsluice_lab.peers.run_mx import reject_pattern
+from mailsluice_lab.peers.sender import SendResult, send_message
 
 MAIL_FROM = "alice@msa.example"
 ACCEPTED = "bob@mx.example"
@@ -72,11 +78,20 @@ def _report_log(out: TextIO, maildir: Path, log_url: str) -> int:
     return status
 
 
+def local_mx(maildir: Path) -> ScriptedMX:
+    """The demo's MX on a free loopback port, as :func:`start_mx` runs it in a namespace:
+    STARTTLS (self-signed), a maildir, queue ids like its files, REJECTED refused."""
+    return ScriptedMX(
+        host="127.0.0.1", hostname=DEMO_MX_HOSTNAME, reject_rcpt=reject_pattern([REJECTED]),
+        tls=self_signed_context(maildir.parent / "mx-tls", DEMO_MX_HOSTNAME),
+        qid_format="{:04d}", recorders=[MaildirRecorder(maildir)],
+    )  # fmt: skip
+
+
 async def _relay_locally(maildir: Path, log_url: str, out: TextIO) -> list[SendResult]:
     async with asyncio.timeout(DEADLINE):
-        mx = await start_mx("127.0.0.1", 0, maildir, reject=[REJECTED])
-        async with mx:
-            mx_port = int(mx.sockets[0].getsockname()[1])
+        async with local_mx(maildir) as mx:
+            mx_port = mx.port
             settings = Settings(
                 listen=HostPort("127.0.0.1", 0),
                 upstream=HostPort("127.0.0.1", mx_port),
@@ -84,20 +99,15 @@ async def _relay_locally(maildir: Path, log_url: str, out: TextIO) -> list[SendR
                 shutdown_grace=5.0,
             )
             async with Proxy(settings) as proxy:
-                _say(out, f"MX (aiosmtpd, refuses {REJECTED}) listening on 127.0.0.1:{mx_port}")
+                _say(out, f"MX (the lab's, refuses {REJECTED}) listening on 127.0.0.1:{mx_port}")
                 _say(out, f"mailsluice listening on 127.0.0.1:{proxy.port}, relaying to it")
                 _say(out, f"session log: {log_url}\n")
                 results = []
                 for number, rcpt in enumerate((ACCEPTED, REJECTED), start=1):
-                    result = await asyncio.to_thread(
-                        send,
-                        "127.0.0.1",
-                        proxy.port,
-                        MAIL_FROM,
-                        [rcpt],
-                        message(rcpt, number),
+                    result = await send_message(
+                        "127.0.0.1", proxy.port, MAIL_FROM, [rcpt], message(rcpt, number),
                         timeout=20.0,
-                    )
+                    )  # fmt: skip
                     _report_send(out, number, rcpt, result)
                     results.append(result)
     return results
@@ -106,27 +116,27 @@ async def _relay_locally(maildir: Path, log_url: str, out: TextIO) -> list[SendR
 def _relay_in_namespaces(
     workdir: Path, log_url: str, out: TextIO
 ) -> tuple[list[SendResult], Path] | None:
-    reason = netns.unavailable_reason()
+    reason = unavailable_reason()
     if reason is not None:
         _say(sys.stderr, f"mailsluice demo --netns: {reason}")
         return None
     results: list[SendResult] = []
     with ExitStack() as stack:
-        topo = stack.enter_context(netns.gateway(PROXY_PORT, ipv6=False))
+        topo = stack.enter_context(gateway(PROXY_PORT, ipv6=False))
         _say(out, "network namespaces (removed at the end):")
         _say(out, f"  MSA      {topo.msa.name}  {topo.client_ip}")
         _say(out, f"  gateway  {topo.gw.name}   {topo.gw_ip} | {topo.gw_mx_side_ip}  (mailsluice)")
         _say(out, f"  MX       {topo.mx.name}   {topo.mx_ip}:25")
         _say(out, f"interception rule in the gateway:\n  {' '.join(topo.rules[0])}")
-        _, maildir = netns.start_mx(stack, topo.mx, workdir, reject=[REJECTED])
+        _, maildir = start_mx(stack, topo.mx, workdir, reject=[REJECTED])
         serve = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--log", log_url]
-        proxy = netns.start_proxy(stack, topo.gw, serve, PROXY_PORT, workdir / "serve.out")
+        proxy = start_proxy(stack, topo.gw, serve, PROXY_PORT, workdir / "serve.out")
         _say(out, f"$ ip netns exec {topo.gw.name} mailsluice serve {' '.join(serve)}\n")
         _say(out, f"the MSA dials the MX's own address, {topo.mx_ip}:25:")
         for number, rcpt in enumerate((ACCEPTED, REJECTED), start=1):
             file = workdir / f"message-{number}.eml"
             file.write_bytes(message(rcpt, number))
-            result = netns.send_in(topo.msa, f"{topo.mx_ip}:25", MAIL_FROM, [rcpt], file)
+            result = send_in(topo.msa, f"{topo.mx_ip}:25", MAIL_FROM, [rcpt], file)
             _report_send(out, number, rcpt, result)
             results.append(result)
         if proxy.stop() != 0:
@@ -160,7 +170,7 @@ def main(argv: list[str]) -> int:
         if args.netns:
             try:
                 outcome = _relay_in_namespaces(workdir, log_url, out)
-            except netns.NetnsError as exc:
+            except NetnsError as exc:
                 _say(sys.stderr, f"mailsluice demo --netns: {exc}")
                 return 1
             if outcome is None:

@@ -21,7 +21,7 @@ LOOPBACK = "127.0.0.1"
 _SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 
 
-class BenchError(Exception):
+class LabError(Exception):
     """A benchmark step failed; the message says what went wrong and what to check."""
 
 
@@ -65,7 +65,7 @@ async def wait_smtp_ready(
     last = "no attempt yet"
     while time.monotonic() < deadline:
         if died is not None and (reason := died()) is not None:
-            raise BenchError(reason)
+            raise LabError(reason)
         try:
             async with asyncio.timeout(5):
                 reader, writer = await asyncio.open_connection(LOOPBACK, port)
@@ -83,7 +83,7 @@ async def wait_smtp_ready(
         except (OSError, TimeoutError) as exc:
             last = str(exc) or type(exc).__name__
         await asyncio.sleep(0.05)
-    raise BenchError(f"nothing answered SMTP on {LOOPBACK}:{port} within {timeout:.0f} s ({last})")
+    raise LabError(f"nothing answered SMTP on {LOOPBACK}:{port} within {timeout:.0f} s ({last})")
 
 
 def exit_reporter(

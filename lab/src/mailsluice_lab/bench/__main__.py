@@ -1,7 +1,7 @@
-"""`python -m mailsluice.benchmark relay ...` runs a benchmark without the main CLI."""
+"""``python -m mailsluice_lab.bench relay ...`` runs a benchmark without the main CLI."""
 
 import sys
 
-from mailsluice.benchmark import main
+from mailsluice_lab.bench.command import main
 
 raise SystemExit(main(sys.argv[1:]))

@@ -6,7 +6,7 @@ spooled to disk past ``memory_limit``) on 127.0.0.1, sends ``--messages`` messag
 peak RSS (VmHWM, the main process) next to its RSS when idle. Bounded: one round of
 messages, a hard time limit. Needs smtp-sink (Postfix).
 
-    .venv/bin/python bench/filter_memory.py --messages 50 --size 10000000
+    mailsluice bench filter-memory --messages 50 --size 10000000
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mailsluice.benchmark.procs import (
+from mailsluice_lab.peers.client import RawSMTPClient
+from mailsluice_lab.processes import (
     LOOPBACK,
     child,
     find_program,
@@ -47,35 +48,22 @@ def _status_kib(pid: int, key: str) -> int:
     return 0
 
 
-async def send_one(port: int, size: int, index: int) -> int:
-    reader, writer = await asyncio.open_connection(LOOPBACK, port)
-
-    async def reply() -> int:
-        while True:
-            line = await reader.readline()
-            if not line:
-                raise ConnectionError("closed")
-            if line[3:4] != b"-":
-                return int(line[:3])
-
-    try:
-        assert await reply() == 220
-        for command in (b"EHLO bench.test", b"MAIL FROM:<s@bench.test>", b"RCPT TO:<r@mx.test>"):
-            writer.write(command + b"\r\n")
-            assert await reply() == 250
-        writer.write(b"DATA\r\n")
-        assert await reply() == 354
-        writer.write(f"Subject: big {index}\r\n\r\n".encode())
+async def send_one(port: int, size: int, index: int, timeout: float) -> int:
+    """One message of about ``size`` bytes, streamed line by line; the end-of-data code."""
+    client = await RawSMTPClient.connect(LOOPBACK, port, timeout=timeout, transcript=False)
+    async with client:
+        assert (await client.read_reply()).code == 220
+        for command in ("EHLO bench.test", "MAIL FROM:<s@bench.test>", "RCPT TO:<r@mx.test>"):
+            assert (await client.command(command)).code == 250
+        assert (await client.command("DATA")).code == 354
+        await client.send(f"Subject: big {index}\r\n\r\n".encode())
         line = b"x" * 998 + b"\r\n"
         for _ in range(size // len(line)):
-            writer.write(line)
-            await writer.drain()
-        writer.write(b".\r\n")
-        code = await reply()
-        writer.write(b"QUIT\r\n")
+            await client.send(line)
+        await client.send(b".\r\n")
+        code = (await client.read_reply()).code
+        await client.send_line("QUIT")
         return code
-    finally:
-        writer.close()
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
@@ -117,7 +105,7 @@ async def _measure(
         started = time.monotonic()
         async with asyncio.timeout(args.timeout):
             codes = await asyncio.gather(
-                *(send_one(port, args.size, i) for i in range(args.messages))
+                *(send_one(port, args.size, i, args.timeout) for i in range(args.messages))
             )
         elapsed = time.monotonic() - started
         peak = peak_rss_kib(proxy.pid) or 0
@@ -135,17 +123,20 @@ async def _measure(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mailsluice bench filter-memory", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--messages", type=int, default=50)
     parser.add_argument("--size", type=int, default=10_000_000)
     parser.add_argument("--memory-limit", type=int, default=1 << 20)
     parser.add_argument("--filter", default="trace-header")
     parser.add_argument("--timeout", type=float, default=600.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
     print(json.dumps(result, indent=2))
+    return 0 if result["delivered"] == args.messages else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -26,9 +26,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mailsluice.benchmark.procs import (
+from mailsluice_lab.processes import (
     LOOPBACK,
-    BenchError,
+    LabError,
     child,
     exit_reporter,
     find_program,
@@ -147,7 +147,7 @@ async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[
 async def _pyforward(ctx: Context) -> AsyncIterator[Endpoint]:
     """The floor of a Python relay (``benchmark.pyforward``): bytes copied, nothing else."""
     port = free_port()
-    argv = [sys.executable, "-m", "mailsluice.benchmark.pyforward", str(port), str(ctx.sink_port)]
+    argv = [sys.executable, "-m", "mailsluice_lab.bench.pyforward", str(port), str(ctx.sink_port)]
     log = ctx.workdir / f"pyforward-{ctx.run_tag}.log"
     async with child(argv, log=log, grace=5.0) as proc:
         await wait_smtp_ready(
@@ -218,7 +218,7 @@ async def _nginx(ctx: Context) -> AsyncIterator[Endpoint]:
     program = find_program("nginx")
     module, reason = _nginx_stream_module()
     if program is None or reason is not None:
-        raise BenchError(reason or "nginx not found")
+        raise LabError(reason or "nginx not found")
     port = free_port()
     home = ctx.workdir / f"nginx-{ctx.run_tag}"
     home.mkdir()
@@ -314,7 +314,7 @@ async def _postfix(ctx: Context) -> AsyncIterator[Endpoint]:
     reason = _postfix_missing()
     program = find_program("postfix")
     if reason is not None or program is None:
-        raise BenchError(reason or "postfix not found")
+        raise LabError(reason or "postfix not found")
     port = free_port()
     root = ctx.workdir / f"postfix-{ctx.run_tag}"
     etc, spool, data = root / "etc", root / "spool", root / "data"
@@ -336,7 +336,7 @@ async def _postfix(ctx: Context) -> AsyncIterator[Endpoint]:
     master = 0
     try:
         if await postfix("start") != 0:
-            raise BenchError(f"postfix -c {etc} start failed: {log_tail(log)}")
+            raise LabError(f"postfix -c {etc} start failed: {log_tail(log)}")
         master = int((spool / "pid" / "master.pid").read_text().split()[0])
 
         def died() -> str | None:
@@ -358,7 +358,7 @@ async def _postfix(ctx: Context) -> AsyncIterator[Endpoint]:
 async def _stop_postfix(postfix: Callable[[str], Awaitable[int]], master: int) -> None:
     """`postfix stop`, then wait for the master; SIGKILL its tree if it lingers."""
     try:
-        with contextlib.suppress(BenchError, OSError, TimeoutError):
+        with contextlib.suppress(LabError, OSError, TimeoutError):
             await postfix("stop")
         for _ in range(150):
             if master == 0 or not is_alive(master):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import resource
@@ -21,26 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from mailsluice.benchmark.procs import child, free_port, wait_smtp_ready
+from mailsluice_lab.peers.client import RawSMTPClient
+from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import child, free_port, wait_smtp_ready
 
 LOOPBACK = "127.0.0.1"
-EHLO_REPLY = b"250-mx.bench\r\n250-PIPELINING\r\n250 8BITMIME\r\n"
-
-
-async def _mx_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A tiny MX: greeting, EHLO reply, then idles until the proxy goes away."""
-    writer.write(b"220 mx.bench ESMTP\r\n")
-    with contextlib.suppress(Exception):
-        while line := await reader.readline():
-            verb = line[:4].upper()
-            if verb in (b"EHLO", b"HELO"):
-                writer.write(EHLO_REPLY)
-            elif verb == b"QUIT":
-                writer.write(b"221 bye\r\n")
-                break
-            else:
-                writer.write(b"250 ok\r\n")
-    writer.close()
 
 
 def _rss_kib(pid: int) -> int:
@@ -52,20 +36,15 @@ def _rss_kib(pid: int) -> int:
 
 async def _client(port: int, held: asyncio.Event, latencies: list[float]) -> bool:
     start = time.perf_counter()
-    reader, writer = await asyncio.open_connection(LOOPBACK, port)
-    try:
-        greeting = await asyncio.wait_for(reader.readline(), 30)
+    client = await RawSMTPClient.connect(LOOPBACK, port, timeout=30.0, transcript=False)
+    async with client:
+        greeting = await client.read_reply()
         latencies.append(time.perf_counter() - start)
-        writer.write(b"EHLO client.bench\r\n")
-        while (line := await asyncio.wait_for(reader.readline(), 30))[3:4] == b"-":
-            pass
-        ok = greeting.startswith(b"220") and line.startswith(b"250")
+        ehlo = await client.ehlo("client.bench")
+        ok = greeting.code == 220 and ehlo.code == 250
         await held.wait()
-        writer.write(b"QUIT\r\n")
-        await asyncio.wait_for(reader.read(), 30)
+        await client.quit()
         return ok
-    finally:
-        writer.close()
 
 
 async def run(sessions: int, log: Path) -> dict[str, float]:
@@ -73,32 +52,32 @@ async def run(sessions: int, log: Path) -> dict[str, float]:
     need = sessions * 2 + 256
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
-    mx = await asyncio.start_server(_mx_session, LOOPBACK, 0, backlog=4096)
-    mx_port = mx.sockets[0].getsockname()[1]
-    port = free_port()
-    argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"{LOOPBACK}:{port}",
-            "--upstream", f"{LOOPBACK}:{mx_port}", "--log", "none:",
-            "--max-connections-per-client", "0"]  # fmt: skip  # every session is from LOOPBACK
-    async with child(argv, log=log, grace=10.0) as proc:
-        await wait_smtp_ready(port, timeout=30.0, died=lambda: None)
-        await asyncio.sleep(0.5)
-        before = _rss_kib(proc.pid)
-        held = asyncio.Event()
-        latencies: list[float] = []
-        async with asyncio.timeout(120):
-            tasks = []
-            async with asyncio.TaskGroup() as group:
-                for index in range(sessions):
-                    tasks.append(group.create_task(_client(port, held, latencies)))
-                    if index % 100 == 99:
-                        await asyncio.sleep(0)  # let the backlog drain
-                while len(latencies) < sessions:
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.5)
-                during = _rss_kib(proc.pid)
-                held.set()
-        ok = sum(1 for task in tasks if task.result())
-    mx.close()
+    # the lab's MX as a sink: it answers the EHLO, then waits as long as the client does
+    mx = ScriptedMX(hostname="mx.bench", idle_timeout=600.0, transcript=False, backlog=4096)
+    async with mx:
+        port = free_port()
+        argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"{LOOPBACK}:{port}",
+                "--upstream", f"{LOOPBACK}:{mx.port}", "--log", "none:",
+                "--max-connections-per-client", "0"]  # fmt: skip  # every session: LOOPBACK
+        async with child(argv, log=log, grace=10.0) as proc:
+            await wait_smtp_ready(port, timeout=30.0, died=lambda: None)
+            await asyncio.sleep(0.5)
+            before = _rss_kib(proc.pid)
+            held = asyncio.Event()
+            latencies: list[float] = []
+            async with asyncio.timeout(120):
+                tasks = []
+                async with asyncio.TaskGroup() as group:
+                    for index in range(sessions):
+                        tasks.append(group.create_task(_client(port, held, latencies)))
+                        if index % 100 == 99:
+                            await asyncio.sleep(0)  # let the backlog drain
+                    while len(latencies) < sessions:
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.5)
+                    during = _rss_kib(proc.pid)
+                    held.set()
+            ok = sum(1 for task in tasks if task.result())
     latencies.sort()
     result = {
         "sessions": sessions,

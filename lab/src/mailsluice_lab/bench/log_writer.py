@@ -1,6 +1,6 @@
 """Micro benchmark: push records through the log writer into SQLite (or JSON lines).
 
-Usage: .venv/bin/python bench/log_writer_bench.py [--records 300000] [--backend sqlite]
+Usage: mailsluice bench log-writer [--records 300000] [--backend sqlite]
 
 Writes to a fresh temporary directory (removed afterwards). Reports the cost of
 ``submit`` (the mail path's share) and the end-to-end rate (submit of the first
@@ -68,11 +68,13 @@ def make_records(count: int) -> list[Record]:
     return records[:count]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mailsluice bench log-writer", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--backend", choices=("sqlite", "jsonl"), default="sqlite")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     count = max(1, min(args.records, MAX_RECORDS))
     records = make_records(count)
     with tempfile.TemporaryDirectory(prefix="mailsluice-bench-") as tmp:

@@ -1,6 +1,6 @@
 """The floor of a Python relay: a minimal byte forwarder on the same event loop (uvloop).
 
-``python -m mailsluice.benchmark.pyforward LISTEN_PORT UPSTREAM_PORT`` accepts on
+``python -m mailsluice_lab.bench.pyforward LISTEN_PORT UPSTREAM_PORT`` accepts on
 127.0.0.1, dials 127.0.0.1:UPSTREAM_PORT for each connection and copies bytes both ways:
 no SMTP, no log, no limits, no timeouts. It is not a product; the relay benchmark
 measures it (variant ``pyforward``) to show how much of nginx's throughput any
@@ -81,7 +81,7 @@ async def serve(listen_port: int, upstream_port: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not all(arg.isdigit() for arg in argv):
-        print("usage: python -m mailsluice.benchmark.pyforward LISTEN_PORT UPSTREAM_PORT")
+        print("usage: python -m mailsluice_lab.bench.pyforward LISTEN_PORT UPSTREAM_PORT")
         return 2
     coroutine = serve(int(argv[0]), int(argv[1]))
     try:

@@ -23,17 +23,17 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mailsluice.benchmark.forwarders import VARIANTS, Context, Endpoint, remove_tree, variant
-from mailsluice.benchmark.procs import (
-    BenchError,
+from mailsluice_lab.bench.forwarders import VARIANTS, Context, Endpoint, remove_tree, variant
+from mailsluice_lab.bench.report import build_report, format_table, machine_info
+from mailsluice_lab.bench.smtptools import SinkCounter, run_smtp_source, smtp_sink
+from mailsluice_lab.processes import (
+    LabError,
     machine_cpu_share,
     machine_cpu_ticks,
     maps_mention,
     tree_cpu_seconds,
     tree_peak_rss_kib,
 )
-from mailsluice.benchmark.report import build_report, format_table, machine_info
-from mailsluice.benchmark.smtptools import SinkCounter, run_smtp_source, smtp_sink
 
 DEFAULT_VIA = ",".join(v.name for v in VARIANTS)
 
@@ -108,7 +108,7 @@ def parse_options(argv: list[str]) -> Options:
     parser.add_argument("--via", default=DEFAULT_VIA, help="comma-separated variants")
     parser.add_argument("--repeat", type=_positive, default=1, help="runs per variant")
     parser.add_argument(
-        "--out", type=Path, default=Path("bench/results"), help="where relay.json goes"
+        "--out", type=Path, default=Path("lab/results"), help="where relay.json goes"
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="hard limit per run, seconds")
     parser.add_argument("--startup-timeout", type=float, default=30.0, help="per server, seconds")
@@ -268,7 +268,7 @@ async def run_variant(opts: Options, name: str, repeat: int, workdir: Path) -> R
                 note=f"not finished within {opts.timeout:.0f} s; all its processes were stopped",
             )  # fmt: skip
         return RunResult(variant=name, repeat=repeat, status="failed", note=f"timed out: {exc}")
-    except (BenchError, OSError) as exc:
+    except (LabError, OSError) as exc:
         return RunResult(variant=name, repeat=repeat, status="failed", note=str(exc))
 
 

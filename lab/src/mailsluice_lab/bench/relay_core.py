@@ -44,10 +44,12 @@ def one_session(config: RelayConfig, n: int) -> int:
     return count
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mailsluice bench relay-core", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--sessions", type=int, default=20_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = RelayConfig()
     actions = 0
     start = time.perf_counter()
@@ -58,7 +60,8 @@ def main() -> None:
         f"{args.sessions} sessions, {elapsed * 1e6 / args.sessions:.1f} us/session, "
         f"{actions / args.sessions:.1f} actions/session"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mailsluice.benchmark.procs import find_program
+from mailsluice_lab.processes import find_program
 
 # (numerator, denominator, goal or None): the figures issue 2 asks for come first.
 RATIOS: tuple[tuple[str, str, float | None], ...] = (

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mailsluice.benchmark.procs import (
+from mailsluice_lab.processes import (
     LOOPBACK,
-    BenchError,
+    LabError,
     child,
     exit_reporter,
     find_program,
@@ -92,7 +92,7 @@ async def smtp_sink(workdir: Path, tag: str, *, startup_timeout: float) -> Async
     """Run smtp-sink on a free 127.0.0.1 port for the duration of the block."""
     program = find_program("smtp-sink")
     if program is None:
-        raise BenchError("smtp-sink not found; install Postfix (apt-get install postfix)")
+        raise LabError("smtp-sink not found; install Postfix (apt-get install postfix)")
     port = free_port()
     # smtp-sink must drop root privileges; -u is refused when not running as root.
     user = ["-u", "nobody"] if os.geteuid() == 0 else []
@@ -135,7 +135,7 @@ async def run_smtp_source(
     """
     program = find_program("smtp-source")
     if program is None:
-        raise BenchError("smtp-source not found; install Postfix (apt-get install postfix)")
+        raise LabError("smtp-source not found; install Postfix (apt-get install postfix)")
     argv = [
         program, "-c", "-M", HELO_NAME,
         "-s", str(sessions), "-m", str(messages), "-l", str(size),

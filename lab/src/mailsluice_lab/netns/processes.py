@@ -1,224 +1,30 @@
-"""Throw-away network namespaces with real interception, for the demo and the system tests.
+"""Processes inside network namespaces: started, waited for, stopped.
 
-Two topologies, each built from scratch under unique names and torn down on exit
-(deleting a namespace removes its veths, addresses and netfilter rules; nothing is
-changed in the host's own namespace):
-
-* :func:`gateway` -- ``msa`` (the tenant) -> ``gw`` (router running mailsluice,
-  ``iptables -t nat -A PREROUTING -i <veth from msa> -p tcp --dport 25 -j REDIRECT``)
-  -> ``mx`` (a mail server on port 25). The same for IPv6 with ``ip6tables``.
-* :func:`same_host` -- one namespace where the MSA and mailsluice run side by side,
-  ``iptables -t nat -A OUTPUT -p tcp --dport 25 -m owner ! --uid-owner <proxy uid>
-  -j REDIRECT``, with the MX in a second namespace.
-
-Only private addresses (10.251.0.0/16, fd6d:736c::/32) are used, and only inside
-these namespaces. Everything here needs root; :func:`unavailable_reason` says why it
-cannot run before anything is touched.
+:func:`spawn` runs a command in a namespace (as another user, if asked) and stops it when
+its ``ExitStack`` closes; :meth:`Process.wait_listening` waits until a port listens. On top
+of them, the lab's programs in a namespace: the MX (:func:`start_mx`,
+:mod:`mailsluice_lab.peers.run_mx`), ``mailsluice serve`` (:func:`start_proxy`) and one
+message sent from inside (:func:`send_in`, :mod:`mailsluice_lab.peers.run_send`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
-from mailsluice.demo_peers import SendResult
-
-
-class NetnsError(RuntimeError):
-    """A namespace command failed; the message holds the command and its output."""
-
-
-def unavailable_reason(*, ipv6: bool = False) -> str | None:
-    """Why namespaces with iptables REDIRECT cannot be built here, or None if they can."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "network namespaces and iptables need root (run as root, e.g. with sudo)"
-    tools = ["ip", "iptables", "setpriv", *(["ip6tables"] if ipv6 else [])]
-    missing = [tool for tool in tools if shutil.which(tool) is None]
-    if missing:
-        return f"missing {', '.join(missing)} (apt-get install iproute2 iptables util-linux)"
-    return None
-
-
-def sh(argv: Sequence[str], *, timeout: float = 30.0) -> str:
-    """Run a command, return its stdout; raise NetnsError with its stderr when it fails."""
-    try:
-        done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NetnsError(f"{' '.join(argv)}: {exc}") from exc
-    if done.returncode != 0:
-        raise NetnsError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
-    return done.stdout
-
-
-@dataclass(frozen=True, slots=True)
-class Namespace:
-    """A named network namespace (``ip netns``)."""
-
-    name: str
-
-    def cmd(self, *argv: str) -> list[str]:
-        """``argv`` wrapped to run inside this namespace."""
-        return ["ip", "netns", "exec", self.name, *argv]
-
-    def run(self, *argv: str) -> str:
-        return sh(self.cmd(*argv))
-
-
-@contextmanager
-def namespaces(*roles: str) -> Iterator[dict[str, Namespace]]:
-    """Create ``mailsluice-<random>-<role>`` namespaces with ``lo`` up; delete them on exit."""
-    tag = secrets.token_hex(3)
-    created: list[Namespace] = []
-    try:
-        for role in roles:
-            ns = Namespace(f"mailsluice-{tag}-{role}")
-            sh(["ip", "netns", "add", ns.name])
-            created.append(ns)
-            sh(["ip", "-n", ns.name, "link", "set", "lo", "up"])
-        yield {ns.name.rsplit("-", 1)[1]: ns for ns in created}
-    finally:
-        for ns in reversed(created):
-            subprocess.run(["ip", "netns", "del", ns.name], capture_output=True, check=False)
-
-
-def link(a: Namespace, a_if: str, b: Namespace, b_if: str) -> None:
-    """A veth pair between two namespaces, both ends up."""
-    sh(f"ip -n {a.name} link add {a_if} type veth peer name {b_if} netns {b.name}".split())
-    sh(f"ip -n {a.name} link set {a_if} up".split())
-    sh(f"ip -n {b.name} link set {b_if} up".split())
-
-
-def address(ns: Namespace, ifname: str, cidr: str) -> None:
-    """Add an address (IPv6 without duplicate address detection, usable at once)."""
-    nodad = " nodad" if ":" in cidr else ""
-    sh(f"ip -n {ns.name} addr add {cidr} dev {ifname}{nodad}".split())
-
-
-def default_route(ns: Namespace, via: str) -> None:
-    family = "-6" if ":" in via else "-4"
-    sh(f"ip -n {ns.name} {family} route add default via {via}".split())
-
-
-def redirect_rule(
-    ns: Namespace, chain: str, match: str, to_port: int, *, ipv6: bool = False
-) -> tuple[str, ...]:
-    """Append a ``-t nat`` REDIRECT rule for TCP port 25; return it as a command line."""
-    tool = "ip6tables" if ipv6 else "iptables"
-    target = f"-p tcp --dport 25 -j REDIRECT --to-ports {to_port}"
-    rule = tuple(f"{tool} -t nat -A {chain} {match} {target}".split())
-    ns.run(*rule)
-    return rule
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Gateway:
-    """msa -> gw (REDIRECT to ``proxy_port``) -> mx. Addresses are fixed: each set is private."""
-
-    msa: Namespace
-    gw: Namespace
-    mx: Namespace
-    proxy_port: int
-    ipv6: bool
-    rules: tuple[tuple[str, ...], ...]
-    msa_if: str = "to-msa"  # gw's interface facing the MSA
-    client_ip: str = "10.251.1.2"
-    stranger_ip: str = "10.251.1.130"  # a second MSA address, outside 10.251.1.0/25
-    gw_ip: str = "10.251.1.1"  # where REDIRECTed IPv4 connections land
-    gw_mx_side_ip: str = "10.251.2.1"
-    gw_alt_ip: str = "10.251.2.3"  # a second outbound address (for --outbound-ip)
-    mx_ip: str = "10.251.2.2"
-    client_ip6: str = "fd6d:736c:1::2"
-    gw_ip6: str = "fd6d:736c:1::1"
-    gw_mx_side_ip6: str = "fd6d:736c:2::1"
-    mx_ip6: str = "fd6d:736c:2::2"
-
-
-@contextmanager
-def gateway(proxy_port: int = 10025, *, ipv6: bool = True) -> Iterator[Gateway]:
-    """Build the gateway topology; everything is removed on exit, even after an error."""
-    with namespaces("msa", "gw", "mx") as ns:
-        msa, gw, mx = ns["msa"], ns["gw"], ns["mx"]
-        topo = Gateway(msa=msa, gw=gw, mx=mx, proxy_port=proxy_port, ipv6=ipv6, rules=())
-        link(msa, "eth0", gw, topo.msa_if)
-        link(gw, "to-mx", mx, "eth0")
-        plan = [
-            (msa, "eth0", f"{topo.client_ip}/24"),
-            (msa, "eth0", f"{topo.stranger_ip}/24"),
-            (gw, topo.msa_if, f"{topo.gw_ip}/24"),
-            (gw, "to-mx", f"{topo.gw_mx_side_ip}/24"),
-            (gw, "to-mx", f"{topo.gw_alt_ip}/24"),
-            (mx, "eth0", f"{topo.mx_ip}/24"),
-        ]
-        routes = [(msa, topo.gw_ip), (mx, topo.gw_mx_side_ip)]
-        if ipv6:
-            plan += [
-                (msa, "eth0", f"{topo.client_ip6}/64"),
-                (gw, topo.msa_if, f"{topo.gw_ip6}/64"),
-                (gw, "to-mx", f"{topo.gw_mx_side_ip6}/64"),
-                (mx, "eth0", f"{topo.mx_ip6}/64"),
-            ]
-            routes += [(msa, topo.gw_ip6), (mx, topo.gw_mx_side_ip6)]
-        for where, ifname, cidr in plan:
-            address(where, ifname, cidr)
-        for where, via in routes:
-            default_route(where, via)
-        gw.run("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
-        match = f"-i {topo.msa_if}"
-        rules = [redirect_rule(gw, "PREROUTING", match, proxy_port)]
-        if ipv6:
-            rules.append(redirect_rule(gw, "PREROUTING", match, proxy_port, ipv6=True))
-        yield replace(topo, rules=tuple(rules))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SameHost:
-    """MSA and proxy share ``host``; port 25 is REDIRECTed unless the sender is the proxy."""
-
-    host: Namespace
-    mx: Namespace
-    proxy_port: int
-    proxy_uid: int
-    ipv6: bool
-    rules: tuple[tuple[str, ...], ...]
-    host_ip: str = "10.251.3.1"
-    mx_ip: str = "10.251.3.2"
-    host_ip6: str = "fd6d:736c:3::1"
-    mx_ip6: str = "fd6d:736c:3::2"
-
-
-@contextmanager
-def same_host(proxy_uid: int, proxy_port: int = 10025, *, ipv6: bool = True) -> Iterator[SameHost]:
-    """Build the same-host topology (REDIRECT in OUTPUT, the proxy's uid excluded)."""
-    with namespaces("host", "mx") as ns:
-        host, mx = ns["host"], ns["mx"]
-        topo = SameHost(
-            host=host, mx=mx, proxy_port=proxy_port, proxy_uid=proxy_uid, ipv6=ipv6, rules=()
-        )
-        link(host, "eth0", mx, "eth0")
-        address(host, "eth0", f"{topo.host_ip}/24")
-        address(mx, "eth0", f"{topo.mx_ip}/24")
-        match = f"-m owner ! --uid-owner {proxy_uid}"
-        rules = [redirect_rule(host, "OUTPUT", match, proxy_port)]
-        if ipv6:
-            address(host, "eth0", f"{topo.host_ip6}/64")
-            address(mx, "eth0", f"{topo.mx_ip6}/64")
-            rules.append(redirect_rule(host, "OUTPUT", match, proxy_port, ipv6=True))
-        yield replace(topo, rules=tuple(rules))
+import mailsluice
+from mailsluice_lab.netns.plumbing import Namespace, NetnsError
+from mailsluice_lab.peers.run_mx import MxSpec, specs_to_json
+from mailsluice_lab.peers.sender import SendResult
 
 
 def listening_ports(pid: int) -> set[int]:
@@ -238,11 +44,12 @@ def listening_ports(pid: int) -> set[int]:
 
 @dataclass(frozen=True, slots=True)
 class Process:
-    """A process started inside a namespace, its output going to ``log``."""
+    """A process started inside namespace ``ns``, its output going to ``log``."""
 
     argv: list[str]
     log: Path
     popen: subprocess.Popen[bytes]
+    ns: Namespace
 
     def output(self) -> str:
         try:
@@ -250,10 +57,14 @@ class Process:
         except OSError:
             return ""
 
+    def listening(self, port: int) -> bool:
+        """Whether ``port`` listens in the process's namespace."""
+        return port in listening_ports(self.popen.pid)
+
     def wait_listening(self, port: int, timeout: float = 20.0) -> None:
         """Return once ``port`` is listening in the process's namespace (polls /proc)."""
         deadline = time.monotonic() + timeout
-        while port not in listening_ports(self.popen.pid):
+        while not self.listening(port):
             if self.popen.poll() is not None:
                 raise NetnsError(
                     f"{' '.join(self.argv)} exited {self.popen.returncode} before listening on "
@@ -299,21 +110,23 @@ def spawn(
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-    proc = Process(full, log, popen)
+    proc = Process(full, log, popen, ns)
     stack.callback(proc.stop)
     return proc
 
 
 def python_for_user(uid: int, gid: int) -> tuple[list[str], dict[str, str]]:
-    """An interpreter command (and environment) that ``uid`` can run with mailsluice importable.
+    """An interpreter command (and environment) that ``uid`` can run with mailsluice and the
+    lab importable.
 
     The venv's own ``python`` is often a symlink into a directory only root may
     enter (e.g. pyenv under /root); then the system ``python3.X`` of the same version
-    is used with the venv's site-packages and our source directory on PYTHONPATH.
+    is used with the venv's site-packages and both source directories on PYTHONPATH.
     """
     paths = sysconfig.get_paths()
-    src = str(Path(__file__).resolve().parent.parent)
-    pythonpath = os.pathsep.join(dict.fromkeys([src, paths["purelib"], paths["platlib"]]))
+    product = Path(mailsluice.__file__ or "").resolve().parents[1]
+    sources = [str(product), str(Path(__file__).resolve().parents[2])]  # src/, lab/src/
+    pythonpath = os.pathsep.join(dict.fromkeys([*sources, paths["purelib"], paths["platlib"]]))
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     candidates: list[tuple[str, dict[str, str]]] = [(sys.executable, {})] + [
         (f"{directory}/{version}", {"PYTHONPATH": pythonpath})
@@ -321,7 +134,7 @@ def python_for_user(uid: int, gid: int) -> tuple[list[str], dict[str, str]]:
     ]
     problems: list[str] = []
     for exe, env in candidates:
-        argv = [exe, "-c", "import mailsluice, aiosmtpd"]
+        argv = [exe, "-c", "import mailsluice, mailsluice_lab"]
         try:
             done = subprocess.run(
                 argv, user=uid, group=gid, extra_groups=[], capture_output=True, text=True,
@@ -339,21 +152,32 @@ def python_for_user(uid: int, gid: int) -> tuple[list[str], dict[str, str]]:
     )
 
 
-# -- the mailsluice programs inside namespaces -------------------------------------------
+# -- the lab's programs inside namespaces ------------------------------------------------
+
+#: the demo's MX (also the system tests'): the recipient it refuses is configurable
+DEMO_MX_HOSTNAME = "mx.demo.invalid"
+
+
+def demo_mx_spec(reject: Sequence[str] = ()) -> MxSpec:
+    """The recording MX of the demo and the system tests: port 25 on every address,
+    STARTTLS (self-signed), a maildir, queue ids 0001, 0002... like the maildir's files."""
+    return MxSpec(
+        name="mx", host="", port=25, hostname=DEMO_MX_HOSTNAME, reject=tuple(reject), tls=True,
+        record="maildir", qid_format="{:04d}", idle_timeout=30.0,
+    )  # fmt: skip
 
 
 def start_mx(
     stack: ExitStack, ns: Namespace, workdir: Path, *, reject: Sequence[str] = ()
 ) -> tuple[Process, Path]:
     """Run the recording MX on port 25 (IPv4 and IPv6) in ``ns``; return it and its maildir."""
-    maildir = workdir / f"maildir-{ns.name}"
-    argv = [sys.executable, "-m", "mailsluice.demo_peers", "mx", "--maildir", str(maildir)]
-    argv += ["--listen", "0.0.0.0:25", "--listen", "[::]:25"]
-    for address_ in reject:
-        argv += ["--reject", address_]
+    out_dir = workdir / f"mx-{ns.name}"
+    spec = demo_mx_spec(reject)
+    argv = [sys.executable, "-m", "mailsluice_lab.peers.run_mx", "--spec", specs_to_json([spec])]
+    argv += ["--out-dir", str(out_dir)]
     proc = spawn(stack, ns, argv, workdir / f"mx-{ns.name}.out")
     proc.wait_listening(25)
-    return proc, maildir
+    return proc, out_dir / spec.name
 
 
 def start_proxy(
@@ -382,17 +206,26 @@ def send_in(
     message_file: Path,
     *,
     source: str | None = None,
+    user: tuple[int, int] | None = None,
     timeout: float = 60.0,
 ) -> SendResult:
-    """Send one message with smtplib from inside ``ns`` to ``server`` (HOST:PORT, [V6]:PORT)."""
-    argv = [sys.executable, "-m", "mailsluice.demo_peers", "send", "--server", server]
+    """Send one message from inside ``ns`` (as ``user``, e.g. a local MSA that is not root)
+    to ``server`` (HOST:PORT, [V6]:PORT), with :mod:`mailsluice_lab.peers.run_send`."""
+    python, env = ([sys.executable], {}) if user is None else python_for_user(*user)
+    argv = [*python, "-m", "mailsluice_lab.peers.run_send", "--server", server]
     argv += ["--from", mail_from, "--message-file", str(message_file)]
     argv += [arg for rcpt in rcpt_to for arg in ("--to", rcpt)]
     argv += ["--source", source] if source else []
+    prefix: list[str] = []
+    if user is not None:
+        uid, gid = user
+        prefix = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+        prefix += ["env", *(f"{key}={value}" for key, value in env.items())]
     try:
         done = subprocess.run(
-            ns.cmd(*argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
+            ns.cmd(*prefix, *argv), capture_output=True, text=True, timeout=timeout,
+            check=False, cwd="/",
+        )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise NetnsError(f"{' '.join(argv)}: no result after {timeout:g} s") from exc
     lines = done.stdout.strip().splitlines()

@@ -1,8 +1,10 @@
-"""A raw asyncio SMTP client for tests that need byte-level control.
+"""The lab's one SMTP client: raw asyncio, exact bytes, pipelining, STARTTLS.
 
 ``smtplib`` canonicalises what it sends (bare LF becomes CRLF, dots are stuffed), so it cannot
 send the smuggling sequences or a broken pipeline.  ``RawSMTPClient`` sends exactly the bytes it
 is given, reads one complete (multi-line) reply at a time with a deadline, and can pipeline.
+The mail sender of the demo and the benchmarks (:mod:`mailsluice_lab.peers.sender`) is built
+on it.
 
 Reply lines end at LF (the raw bytes are kept in ``Reply.raw``, so a bare-LF line ending is
 visible to the test).  Every read is bounded by ``timeout`` (default 10 s).
@@ -16,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from tests.support.stream import BufferedConnection, LineTooLong
+from mailsluice_lab.peers.stream import BufferedConnection, LineTooLong
 
 MAX_REPLY_LINE = 8192
 MAX_REPLY_LINES = 1000
@@ -108,11 +110,26 @@ class RawSMTPClient:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, timeout: float = 10.0, family: int = 0
+        cls,
+        host: str,
+        port: int,
+        *,
+        timeout: float = 10.0,
+        family: int = 0,
+        source: str | None = None,
+        transcript: bool = True,
     ) -> RawSMTPClient:
+        """Connect (from ``source``, an address to bind, if given); ``transcript=False``
+        keeps no copy of the bytes sent and received (long-lived senders)."""
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout):
-            _, conn = await loop.create_connection(BufferedConnection, host, port, family=family)
+            _, conn = await loop.create_connection(
+                lambda: BufferedConnection(keep_transcript=transcript),
+                host,
+                port,
+                family=family,
+                local_addr=(source, 0) if source else None,
+            )
         return cls(conn, timeout=timeout)
 
     async def __aenter__(self) -> RawSMTPClient:

@@ -28,10 +28,10 @@ Actions: CLOSE (FIN), RESET (RST via ``SO_LINGER`` 0), STALL (never answer; keep
 the peer goes away or the MX shuts down), REPLY_421 (then close), REPLY_4XX, REPLY_5XX, GARBAGE
 (a line with no reply code), EXTRA (the normal reply plus an unsolicited ``250``), RAW (send
 ``data`` instead of the normal answer), HALF_CLOSE (the normal answer, then the MX shuts down
-its sending side and reads on until the peer leaves; BODY: no answer; DOT: stored, as the 250
-was sent; plaintext phases only).  ``data`` also overrides the default bytes of the
-reply-type actions.  After REPLY_4XX/5XX/GARBAGE the command counts as refused, after EXTRA and
-RAW as accepted; ``accept`` overrides that.
+its sending side, after ``pause`` seconds, and reads on until the peer leaves; BODY: no answer;
+DOT: stored, as the 250 was sent; plaintext phases only).  ``data`` also overrides the default
+bytes of the reply-type actions.  After REPLY_4XX/5XX/GARBAGE the command counts as refused,
+after EXTRA and RAW as accepted; ``accept`` overrides that.
 """
 
 from __future__ import annotations
@@ -117,6 +117,9 @@ class Fault:
     accept: bool | None = None
     #: DOT only: store the message in the ledger even though no 2xx is sent.
     store: bool = False
+    #: HALF_CLOSE only: seconds between the normal answer and the half-close (an MX that
+    #: hangs up a moment after its reply, e.g. on a short idle timeout).
+    pause: float = 0.0
 
     def matches(self, phase: Phase, occurrence: int, connection: int) -> bool:
         return (

@@ -1,7 +1,7 @@
 """The test oracle: what an MX actually stored, compared with what the client was told.
 
-Every test MX (``LedgerMX``, ``ScriptedMX``) records each message it accepted in a ``Ledger``:
-the envelope, the message content exactly as stored, its sha256, and the reply it gave.
+The scriptable MX (``ScriptedMX``) records each message it accepted in a ``Ledger``: the
+envelope, the message content exactly as stored, its sha256, and the reply it gave.
 
 Content convention (RFC 5321 §4.5.2): the content is the DATA bytes after un-dot-stuffing, up
 to and *including* the line ending of the last line; only the terminating ``.CRLF`` (the dot
@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import itertools
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -75,6 +76,11 @@ class StoredMessage:
     tls: bool
     #: The dot-stuffed bytes as they came off the wire (terminator excluded), if the MX saw them.
     wire: bytes | None = None
+    #: The client's address (``host:port``) and its EHLO/HELO name, when known.
+    peer: str = ""
+    helo: str | None = None
+    #: When the MX stored it (epoch seconds).
+    stored_at: float = 0.0
 
     def has_token(self, token: str) -> bool:
         return token.encode() in self.data
@@ -135,6 +141,8 @@ class Ledger:
         connection: int = 0,
         tls: bool = False,
         wire: bytes | None = None,
+        peer: str = "",
+        helo: str | None = None,
     ) -> StoredMessage:
         message = StoredMessage(
             seq=next(self._seq),
@@ -146,6 +154,9 @@ class Ledger:
             connection=connection,
             tls=tls,
             wire=None if wire is None else bytes(wire),
+            peer=peer,
+            helo=helo,
+            stored_at=time.time(),
         )
         self._messages.append(message)
         self._wake()

@@ -1,4 +1,4 @@
-"""A scriptable fake MX for fault injection, written directly on asyncio (not aiosmtpd).
+"""The lab's one fake MX: scriptable, written directly on asyncio (not aiosmtpd).
 
     plan = [Fault(Phase.RCPT, Action.REPLY_421), Fault(Phase.DOT, Action.STALL, connection=2)]
     async with ScriptedMX(faults=plan, tls=server_ctx) as mx:
@@ -8,19 +8,33 @@
 
 It speaks greeting, EHLO/HELO (capabilities configurable, STARTTLS advertised when ``tls`` is
 given), STARTTLS with a real handshake, MAIL, RCPT, DATA (strict ``CRLF.CRLF``), RSET, NOOP,
-QUIT.  Faults: see ``tests.support.faults``.  Extra modes:
+QUIT, and keeps every message it takes in ``ledger`` (:mod:`.ledger`, the no-loss oracle).
+Without options it is a well-behaved sink.  Faults: see :mod:`.faults`.  Modes, all of them
+configuration:
 
+* ``reject_rcpt`` / ``defer_rcpt``: recipients (regex, searched, case-insensitive) refused
+  with ``550 5.1.1`` / ``451 4.3.0``.
+* ``reply_delay`` and ``data_reply_delay``: a tarpit, waiting before every reply and more
+  before the reply to end-of-data; ``stored_reply_delay=(low, high)``: a random pause
+  between storing a message and answering it (the duplicate window a killed proxy opens).
+* ``connection_limit``: at most that many connections per client address; above it the
+  greeting is ``421 4.7.0`` and the connection is closed (Postfix's
+  ``smtpd_client_connection_count_limit``).  Every MX counts connections per client
+  (``active``, ``peak``), limited or not; ``stats()`` sums them up.
 * ``lenient=SMUGGLING_SEQUENCES`` (or any subset): treat those sloppy sequences as end-of-data
   too, like a vulnerable receiver; a smuggled transaction then shows up as a second message.
 * ``starttls_injection=b"250-X\\r\\n250 SIZE 1\\r\\n"``: the 220 to STARTTLS is followed, in the
   same write, by these bytes (response injection, CVE-2011-0411 client side).
 * ``reply_chunk=1``: every reply is written in chunks of that many bytes (one TCP segment or
   TLS record each), to test reply reassembly.
+* ``recorders``: a record kept besides the ledger (:mod:`.recorders`: the demo's maildir,
+  the benchmarks' delivery CSV).
 
 Every session records its raw command lines, body bytes, all bytes received and sent, the
 plaintext pipelined after STARTTLS, and the faults that fired (``transcript=False`` drops the
-all-bytes transcripts, for very large bodies).  Waits are bounded by
-``idle_timeout``; a stall lasts until the client leaves or the MX shuts down.
+all-bytes transcripts, for very large bodies or long runs).  Waits are bounded by
+``idle_timeout``; a stall lasts until the client leaves or the MX shuts down.  To run it as a
+process (inside a network namespace): :mod:`.run_mx`.
 """
 
 from __future__ import annotations
@@ -28,52 +42,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import re
 import ssl
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 
-from tests.support.faults import Fault
-from tests.support.ledger import Ledger
-from tests.support.scripted_body import STRICT_END
-from tests.support.scripted_session import ScriptedSession, SessionRecord
-from tests.support.stream import BufferedConnection
+from mailsluice_lab.peers.faults import Fault
+from mailsluice_lab.peers.ledger import Ledger, StoredMessage
+from mailsluice_lab.peers.mx_session import ScriptedSession
+from mailsluice_lab.peers.mx_state import (
+    DEFAULT_CAPABILITIES,
+    SMUGGLING_SEQUENCES,
+    STRICT_END,
+    MxConfig,
+    MxRecorder,
+    SessionRecord,
+    compile_pattern,
+    peer_text,
+)
+from mailsluice_lab.peers.stream import BufferedConnection
 
-DEFAULT_CAPABILITIES = ("PIPELINING", "SIZE 10240000", "8BITMIME", "ENHANCEDSTATUSCODES")
-
-
-@dataclass(frozen=True)
-class ScriptedConfig:
-    faults: tuple[Fault, ...] = ()
-    tls: ssl.SSLContext | None = None
-    #: Pre-TLS EHLO keywords, verbatim (``None``: defaults, plus STARTTLS when ``tls``).
-    capabilities: tuple[str, ...] | None = None
-    #: Post-TLS EHLO keywords (``None``: the pre-TLS list without STARTTLS).
-    tls_capabilities: tuple[str, ...] | None = None
-    lenient: tuple[bytes, ...] = ()
-    starttls_injection: bytes = b""
-    reject_rcpt: re.Pattern[str] | None = None
-    defer_rcpt: re.Pattern[str] | None = None
-    greeting: bytes | None = None
-    hostname: str = "mx.test"
-    idle_timeout: float = 30.0
-    handshake_timeout: float = 10.0
-    reply_chunk: int | None = None
-    chunk_delay: float = 0.002
-    max_message: int = 64 * 1024 * 1024
-    max_command: int = 4096
-    end_sequences: tuple[bytes, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        ends = (STRICT_END, *(e for e in self.lenient if e != STRICT_END))
-        object.__setattr__(self, "end_sequences", ends)
-
-
-def _compile(pattern: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
-    if pattern is None or isinstance(pattern, re.Pattern):
-        return pattern
-    return re.compile(pattern, re.IGNORECASE)
+__all__ = [
+    "DEFAULT_CAPABILITIES",
+    "SMUGGLING_SEQUENCES",
+    "STRICT_END",
+    "MxConfig",
+    "ScriptedMX",
+    "SessionRecord",
+]
 
 
 class ScriptedMX:
@@ -91,7 +89,7 @@ class ScriptedMX:
         reject_rcpt: str | re.Pattern[str] | None = None,
         defer_rcpt: str | re.Pattern[str] | None = None,
         greeting: bytes | None = None,
-        host: str = "127.0.0.1",
+        host: str | Sequence[str] = "127.0.0.1",
         port: int = 0,
         hostname: str = "mx.test",
         idle_timeout: float = 30.0,
@@ -100,17 +98,25 @@ class ScriptedMX:
         chunk_delay: float = 0.002,
         max_message: int = 64 * 1024 * 1024,
         max_command: int = 4096,
+        reply_delay: float = 0.0,
+        data_reply_delay: float = 0.0,
+        stored_reply_delay: tuple[float, float] = (0.0, 0.0),
+        connection_limit: int = 0,
+        qid_format: str = "S{:06d}",
+        seed: int | None = None,
         transcript: bool = True,
+        recorders: Sequence[MxRecorder] = (),
+        backlog: int = 1024,
     ) -> None:
-        self.config = ScriptedConfig(
+        self.config = MxConfig(
             faults=tuple(faults),
             tls=tls,
             capabilities=None if capabilities is None else tuple(capabilities),
             tls_capabilities=None if tls_capabilities is None else tuple(tls_capabilities),
             lenient=tuple(lenient),
             starttls_injection=starttls_injection,
-            reject_rcpt=_compile(reject_rcpt),
-            defer_rcpt=_compile(defer_rcpt),
+            reject_rcpt=compile_pattern(reject_rcpt),
+            defer_rcpt=compile_pattern(defer_rcpt),
             greeting=greeting,
             hostname=hostname,
             idle_timeout=idle_timeout,
@@ -119,14 +125,29 @@ class ScriptedMX:
             chunk_delay=chunk_delay,
             max_message=max_message,
             max_command=max_command,
+            reply_delay=reply_delay,
+            data_reply_delay=data_reply_delay,
+            stored_reply_delay=stored_reply_delay,
+            connection_limit=connection_limit,
+            qid_format=qid_format,
         )
-        self.host = host
+        #: the first address listened on (all of them: ``hosts``)
+        self.hosts = (host,) if isinstance(host, str) else tuple(host)
+        self.host = self.hosts[0]
         self.port = port
-        self._transcript = transcript
+        self.rng = random.Random(seed)
         self.ledger = Ledger()
         self.sessions: list[SessionRecord] = []
+        #: Connections open now / at most at once, per client address (host only).
+        self.active: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        #: Connections refused with 421 because their client was at ``connection_limit``.
+        self.refused_over_limit = 0
         #: Unexpected exceptions inside the MX (bugs); re-raised at exit.
         self.errors: list[BaseException] = []
+        self._transcript = transcript
+        self._recorders = tuple(recorders)
+        self._backlog = backlog
         self._qids = itertools.count(1)
         self._server: asyncio.Server | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -135,20 +156,45 @@ class ScriptedMX:
         self._closing = False
         self._changed = asyncio.Event()
 
-    # -- behaviour shared with the sessions -----------------------------------------------
+    # -- what the sessions use (MxServices) ----------------------------------------------
     def next_qid(self) -> str:
-        return f"S{next(self._qids):06d}"
+        return self.config.qid_format.format(next(self._qids))
 
-    def capabilities(self, *, tls_active: bool) -> tuple[str, ...]:
-        cfg = self.config
-        if not tls_active:
-            if cfg.capabilities is not None:
-                return cfg.capabilities
-            return DEFAULT_CAPABILITIES + (("STARTTLS",) if cfg.tls is not None else ())
-        if cfg.tls_capabilities is not None:
-            return cfg.tls_capabilities
-        base = cfg.capabilities if cfg.capabilities is not None else DEFAULT_CAPABILITIES
-        return tuple(c for c in base if c.strip().upper() != "STARTTLS")
+    def store(
+        self,
+        *,
+        mail_from: str,
+        rcpt_tos: list[str],
+        data: bytes,
+        reply: str,
+        record: SessionRecord,
+        tls: bool,
+        wire: bytes,
+        helo: str | None,
+    ) -> StoredMessage:
+        message = self.ledger.record(
+            mail_from=mail_from,
+            rcpt_tos=rcpt_tos,
+            data=data,
+            reply=reply,
+            connection=record.number,
+            tls=tls,
+            wire=wire,
+            peer=peer_text(record.peer),
+            helo=helo,
+        )
+        for recorder in self._recorders:
+            recorder.message_stored(message)
+        return message
+
+    def stats(self) -> dict[str, object]:
+        """Sessions, messages, 421 refusals over the limit, peak connections per client."""
+        return {
+            "connections": len(self.sessions),
+            "accepted_messages": len(self.ledger),
+            "refused_421": self.refused_over_limit,
+            "peak_connections_per_client": dict(sorted(self.peak.items())),
+        }
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> ScriptedMX:
@@ -156,8 +202,10 @@ class ScriptedMX:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: BufferedConnection(self._on_connected, keep_transcript=self._transcript),
-            self.host,
+            self.hosts if len(self.hosts) > 1 else self.host,
             self.port,
+            backlog=self._backlog,
+            reuse_address=True,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -192,20 +240,30 @@ class ScriptedMX:
         if self._closing or self._group is None:
             conn.abort()
             return
-        record = SessionRecord(number=len(self.sessions) + 1, conn=conn)
-        if conn.transport is not None:
-            record.peer = conn.transport.get_extra_info("peername")
-        self.sessions.append(record)
+        peer = conn.transport.get_extra_info("peername") if conn.transport is not None else None
+        for recorder in self._recorders:
+            recorder.connection_accepted(peer_text(peer))
+        client = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        limit = self.config.connection_limit
+        if limit and self.active[client] >= limit:
+            self.refused_over_limit += 1
+            conn.write(f"421 4.7.0 Error: too many connections from {client}\r\n".encode())
+            conn.close()
+            return
+        record = SessionRecord(number=len(self.sessions) + 1, conn=conn, peer=peer)
         try:
-            task = self._group.create_task(self._serve(record))
+            task = self._group.create_task(self._serve(record, client))
         except RuntimeError:  # the group is shutting down
             conn.abort()
             return
+        self.sessions.append(record)
+        self.active[client] += 1
+        self.peak[client] = max(self.peak[client], self.active[client])
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self._changed.set()
 
-    async def _serve(self, record: SessionRecord) -> None:
+    async def _serve(self, record: SessionRecord, client: str) -> None:
         try:
             await ScriptedSession(self, record).run()
         except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
@@ -214,6 +272,7 @@ class ScriptedMX:
             record.error = repr(exc)
             self.errors.append(exc)
         finally:
+            self.active[client] -= 1
             record.conn.close()
             record.done.set()
             self._changed.set()

@@ -4,35 +4,43 @@ A strict receiver ends DATA only at ``CRLF.CRLF`` (a dot right after the 354 als
 because the DATA command's own CRLF precedes it).  In lenient mode the receiver also ends DATA
 at each configured sloppy sequence, as a vulnerable MTA would (reliability.md §2.2); the bytes
 after it are read as new commands, so a smuggled transaction becomes a second ledger entry.
+
+The pace of the answer to end-of-data: a tarpit waits ``reply_delay + data_reply_delay``
+before it stores the message; then ``stored_reply_delay`` passes between storing and
+answering (the MX has the message, the client does not know yet).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from tests.support.faults import Action, Fault, Outcome, Phase
+from mailsluice_lab.peers.faults import Action, Fault, Outcome, Phase
+from mailsluice_lab.peers.mx_state import MxConfig, MxServices, SessionRecord
+from mailsluice_lab.peers.stream import BufferedConnection
 
-if TYPE_CHECKING:
-    from tests.support.scripted_session import ScriptedSession
 
-STRICT_END = b"\r\n.\r\n"
+class BodySession(Protocol):
+    """What the DATA phase needs from its session (``ScriptedSession``)."""
 
-#: The smuggling catalogue (hannob/smtpsmug and SMTP-Smuggling-Tools, reliability.md §2.2).
-SMUGGLING_SEQUENCES: tuple[bytes, ...] = (
-    b"\n.\n",
-    b"\r.\r",
-    b"\r.\n",
-    b"\n.\r",
-    b"\n.\r\n",
-    b"\r\n.\n",
-    b"\r.\r\n",
-    b"\r\n.\r",
-    b"\r\n\x00.\r\n",
-    b"\r\n.\r\r\n",
-    b"\r\r\n.\r\r\n",
-)
+    mx: MxServices
+    cfg: MxConfig
+    rec: SessionRecord
+    conn: BufferedConnection
+    helo: bytes | None
+    mail_from: str | None
+    rcpts: list[str]
+
+    def take_fault(self, phase: Phase) -> Fault | None: ...
+
+    async def send(self, data: bytes, *, paced: bool = True) -> None: ...
+
+    async def apply(self, fault: Fault, normal: bytes | None) -> Outcome: ...
+
+    def reset_transaction(self) -> None: ...
+
 
 _LENIENT_UNSTUFF = re.compile(rb"(\r\n|\r|\n)\.")
 
@@ -63,7 +71,7 @@ def unstuff(wire: bytes, *, lenient: bool) -> bytes:
     return content.replace(b"\r\n.", b"\r\n")
 
 
-async def _body_fault(s: ScriptedSession, fault: Fault) -> Outcome:
+async def _body_fault(s: BodySession, fault: Fault) -> Outcome:
     if fault.action is Action.STALL:
         s.conn.pause_reading()  # stop reading: the sender's TCP window fills up
         await s.conn.wait_closed(timeout=None)
@@ -74,7 +82,7 @@ async def _body_fault(s: ScriptedSession, fault: Fault) -> Outcome:
     return Outcome.OK
 
 
-async def collect_body(s: ScriptedSession) -> Body | None:
+async def collect_body(s: BodySession) -> Body | None:
     """Read DATA up to its end; ``None`` if the session ended first (EOF, timeout, fault)."""
     ends = s.cfg.end_sequences
     longest = max(len(e) for e in ends)
@@ -95,6 +103,7 @@ async def collect_body(s: ScriptedSession) -> Body | None:
         if not chunk:
             s.rec.bodies.append(bytes(buf[prefix:]))
             s.rec.error = "EOF in DATA"
+            s.rec.ended_in_data = True
             return None
         buf += chunk
         received += len(chunk)
@@ -118,7 +127,21 @@ async def collect_body(s: ScriptedSession) -> Body | None:
     return Body(wire=wire, content=unstuff(wire, lenient=bool(s.cfg.lenient)), overflow=False)
 
 
-async def finish_message(s: ScriptedSession, body: Body) -> Outcome:
+async def _pace_end_of_data(s: BodySession) -> None:
+    """A tarpit's wait before it takes the message (its 250 is not delayed again)."""
+    delay = s.cfg.reply_delay + s.cfg.data_reply_delay
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _wait_stored(s: BodySession) -> None:
+    """Stored, not yet answered: ``stored_reply_delay``."""
+    low, high = s.cfg.stored_reply_delay
+    if high > 0:
+        await asyncio.sleep(s.mx.rng.uniform(low, high))
+
+
+async def finish_message(s: BodySession, body: Body) -> Outcome:
     """Answer end-of-data (DOT phase) and store the message if the MX accepts it."""
     mail_from, rcpts = s.mail_from or "", list(s.rcpts)
     s.reset_transaction()
@@ -128,6 +151,7 @@ async def finish_message(s: ScriptedSession, body: Body) -> Outcome:
     normal = f"250 2.0.0 Ok: queued as {s.mx.next_qid()}\r\n".encode()
     fault = s.take_fault(Phase.DOT)
     if fault is None:
+        await _pace_end_of_data(s)  # (a fault's reply is paced as any other)
         store, answer = True, normal
     elif fault.action in (Action.CLOSE, Action.RESET, Action.STALL):
         store, answer = fault.store, b""
@@ -140,16 +164,18 @@ async def finish_message(s: ScriptedSession, body: Body) -> Outcome:
         store = fault.store or (fault.action is Action.RAW and fault.accepted)
         answer = payload
     if store:
-        s.mx.ledger.record(
+        s.mx.store(
             mail_from=mail_from,
             rcpt_tos=rcpts,
             data=body.content,
             reply=answer.decode("utf-8", "replace").rstrip("\r\n"),
-            connection=s.rec.number,
+            record=s.rec,
             tls=s.conn.tls,
             wire=body.wire,
+            helo=None if s.helo is None else s.helo.decode("utf-8", "replace"),
         )
+        await _wait_stored(s)
     if fault is None:
-        await s.send(normal)
+        await s.send(normal, paced=False)
         return Outcome.OK
     return await s.apply(fault, normal)

@@ -1,8 +1,9 @@
 """One connection of ``ScriptedMX``: a small SMTP server state machine with fault hooks.
 
 Commands end at LF (the raw line, CR included, is recorded so tests can spot a bare LF).
-DATA ends at ``CRLF.CRLF`` -- plus, in lenient mode, at each configured sloppy sequence.  See
-``tests.support.faults`` for what each fault does at each phase.
+DATA ends at ``CRLF.CRLF`` -- plus, in lenient mode, at each configured sloppy sequence (see
+:mod:`.mx_body`).  See :mod:`.faults` for what each fault does at each phase.  A tarpit
+(``reply_delay``) waits before every reply it sends.
 """
 
 from __future__ import annotations
@@ -10,53 +11,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-from tests.support.faults import Action, Fault, Outcome, Phase
-from tests.support.scripted_body import collect_body, finish_message
-from tests.support.stream import BufferedConnection, LineTooLong
-
-if TYPE_CHECKING:
-    from tests.support.scripted_mx import ScriptedMX
-
-
-@dataclass
-class SessionRecord:
-    """What happened on one connection to the scripted MX."""
-
-    number: int
-    conn: BufferedConnection
-    peer: Any = None
-    #: Every command line as received (terminator included).
-    commands: list[bytes] = field(default_factory=list)
-    #: The dot-stuffed body bytes of each DATA (end-of-data sequence excluded).
-    bodies: list[bytes] = field(default_factory=list)
-    #: The faults that fired, in order.
-    fired: list[Fault] = field(default_factory=list)
-    #: Plaintext already buffered when STARTTLS was read (a client pipelining past STARTTLS).
-    starttls_leftover: bytes | None = None
-    tls: bool = False
-    tls_version: str | None = None
-    tls_error: str | None = None
-    #: Why the session ended abnormally (timeout, connection error), if it did.
-    error: str | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def received(self) -> bytes:
-        """Every byte the client sent (plaintext; decrypted after STARTTLS)."""
-        return bytes(self.conn.received)
-
-    @property
-    def sent(self) -> bytes:
-        """Every byte the MX wrote."""
-        return bytes(self.conn.sent)
-
-    @property
-    def verbs(self) -> list[str]:
-        """Upper-cased command verbs, in order."""
-        return [c.split(b" ", 1)[0].strip().upper().decode("latin-1") for c in self.commands]
+from mailsluice_lab.peers.faults import Action, Fault, Outcome, Phase
+from mailsluice_lab.peers.mx_body import collect_body, finish_message
+from mailsluice_lab.peers.mx_state import MxServices, SessionRecord
+from mailsluice_lab.peers.stream import LineTooLong
 
 
 def _address(arg: bytes, keyword: bytes) -> str | None:
@@ -72,7 +31,7 @@ def _address(arg: bytes, keyword: bytes) -> str | None:
 class ScriptedSession:
     """Runs one connection; never raises except ``CancelledError``."""
 
-    def __init__(self, mx: ScriptedMX, record: SessionRecord) -> None:
+    def __init__(self, mx: MxServices, record: SessionRecord) -> None:
         self.mx = mx
         self.cfg = mx.config
         self.rec = record
@@ -92,7 +51,10 @@ class ScriptedSession:
                 return fault
         return None
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, *, paced: bool = True) -> None:
+        """Write a reply (after the tarpit's delay, unless ``paced`` is off)."""
+        if paced and self.cfg.reply_delay > 0:
+            await asyncio.sleep(self.cfg.reply_delay)
         chunk = self.cfg.reply_chunk
         if not chunk:
             await self.conn.send(data, timeout=self.cfg.idle_timeout)
@@ -120,6 +82,8 @@ class ScriptedSession:
         if action is Action.HALF_CLOSE:
             if normal:
                 await self.send(normal)
+            if fault.pause > 0:
+                await asyncio.sleep(fault.pause)
             self.conn.half_close()
             return await self.stall()
         await self.send(fault.payload(normal))
@@ -221,7 +185,7 @@ class ScriptedSession:
         self.rcpts = []
 
     def ehlo_reply(self) -> bytes:
-        caps = self.mx.capabilities(tls_active=self.conn.tls)
+        caps = self.cfg.capabilities_for(tls_active=self.conn.tls)
         lines = [self.cfg.hostname, *caps]
         out = [f"250-{text}" for text in lines[:-1]] + [f"250 {lines[-1]}"]
         return ("\r\n".join(out) + "\r\n").encode()
@@ -244,6 +208,8 @@ class ScriptedSession:
         self.rec.starttls_leftover = self.conn.take_buffered()
         fault = self.take_fault(Phase.STARTTLS)
         if fault is None and context is not None:
+            if self.cfg.reply_delay > 0:
+                await asyncio.sleep(self.cfg.reply_delay)
             # Write the 220 and start TLS in the same step: the ClientHello cannot reach
             # the plaintext buffer.
             self.conn.write(b"220 2.0.0 Ready to start TLS\r\n" + self.cfg.starttls_injection)

@@ -1,263 +1,135 @@
-"""The scenario's MX servers: SMTP sinks that record every message they accept.
+"""``ScriptedMX`` as a process: one or more MX servers, for a network namespace.
 
-One process (``python -m mailsluice.benchmark.scenarios.mx --spec JSON --out-dir DIR``),
-started inside the MX namespace, serves every MX of a scenario, each on its own
-address. Kinds (see :class:`MxSpec`):
+    python -m mailsluice_lab.peers.run_mx --spec JSON --out-dir DIR [--max-seconds N]
 
-* ``sink``: accepts everything at once;
-* ``tarpit``: waits ``delay`` seconds before every reply (greeting included) and
-  ``data_delay`` more before the reply to end-of-data, like an anti-spam throttle;
-* ``limited``: at most ``limit`` concurrent connections per client address; above it
-  the greeting is ``421 4.7.0`` and the connection is closed (Postfix's
-  ``smtpd_client_connection_count_limit``).
-
-Every accepted message becomes one CSV row in ``DIR/deliveries-<mx>.csv``:
-``mx, tenant, message_id, sent_at, received_at``; ``sent_at``, the tenant and the id come
-from the ``X-Bench-Sent``, ``X-Bench-Tenant`` and ``X-Bench-Id`` headers the tenant put
-in, ``received_at`` is when the MX answered 250 to end-of-data. At exit,
-``DIR/mx-stats.json`` gives per MX the sessions, the 421 refusals and the peak concurrent
-connections per client. Bounded: every read has a deadline, lines and messages a size
-cap, and the process exits after ``--max-seconds``.
+``--spec`` is a JSON list of :class:`MxSpec` (:func:`specs_to_json`); every MX listens on
+its own address and keeps its record in ``DIR`` (:mod:`.recorders`): the delivery CSV
+``DIR/deliveries-<name>.csv`` (the scenario benchmarks) or the maildir ``DIR/<name>/``
+(the demo, the system tests). ``DIR/mx-ready`` appears once all of them listen; at exit,
+``DIR/mx-stats.json`` gives per MX the sessions, the messages, the 421 refusals over the
+connection limit and the peak concurrent connections per client. The process runs until
+SIGTERM/SIGINT or ``--max-seconds``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import csv
 import json
+import re
 import sys
 import time
-from collections import Counter
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TextIO
 
-from mailsluice.benchmark.scenarios.aio import run, stop_event, wait_or_timeout
+from mailsluice_lab.aio import run, stop_event, wait_or_timeout
+from mailsluice_lab.peers.certs import self_signed_context
+from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.peers.recorders import DeliveryRecorder, MaildirRecorder
 
-KINDS = ("sink", "tarpit", "limited")
-READ_TIMEOUT = 120.0  # seconds a client may stay silent
-LINE_LIMIT = 8192
-MESSAGE_LIMIT = 10 * 1024 * 1024
-CSV_HEADER = ("mx", "tenant", "message_id", "sent_at", "received_at")
 STATS_NAME = "mx-stats.json"
+READY_NAME = "mx-ready"
+RECORDS = ("deliveries", "maildir")
 
 
 @dataclass(frozen=True, slots=True)
 class MxSpec:
-    """One MX server: its name (the domain label), address, kind and its parameters."""
+    """One MX server: its name, address, behaviour and the record it keeps.
+
+    ``host`` "" listens on every address (IPv4 and IPv6). Sink by default; a tarpit with
+    ``reply_delay`` (and ``data_reply_delay``); connection-limited with
+    ``connection_limit`` (per client address); ``reject`` lists recipients refused with
+    550; ``tls`` offers STARTTLS with a self-signed certificate.
+    """
 
     name: str
     host: str
     port: int = 25
-    kind: str = "sink"
-    delay: float = 0.0  # tarpit: before every reply
-    data_delay: float = 0.0  # tarpit: additionally before the end-of-data reply
-    limit: int = 0  # limited: concurrent connections per client address
+    hostname: str = "mx.test"
+    reply_delay: float = 0.0
+    data_reply_delay: float = 0.0
+    connection_limit: int = 0
+    reject: tuple[str, ...] = ()
+    tls: bool = False
+    record: str = "deliveries"
+    qid_format: str = "S{:06d}"
+    idle_timeout: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"MX {self.name}: kind {self.kind!r} is not one of {KINDS}")
-        if self.delay < 0 or self.data_delay < 0 or self.limit < 0:
-            raise ValueError(f"MX {self.name}: delays and limit must not be negative")
+        if self.record not in RECORDS:
+            raise ValueError(f"MX {self.name}: record {self.record!r} is not one of {RECORDS}")
+        if min(self.reply_delay, self.data_reply_delay, self.connection_limit) < 0:
+            raise ValueError(f"MX {self.name}: delays and connection limit must not be negative")
+
+    @property
+    def kind(self) -> str:
+        """``tarpit``, ``limited`` or ``sink``, for people."""
+        if self.reply_delay or self.data_reply_delay:
+            return "tarpit"
+        return "limited" if self.connection_limit else "sink"
 
 
-def specs_to_json(specs: list[MxSpec]) -> str:
+def specs_to_json(specs: Sequence[MxSpec]) -> str:
     return json.dumps([asdict(spec) for spec in specs])
 
 
 def specs_from_json(text: str) -> list[MxSpec]:
-    return [MxSpec(**item) for item in json.loads(text)]
+    items = json.loads(text)
+    return [MxSpec(**{**item, "reject": tuple(item.get("reject", ()))}) for item in items]
 
 
-def bench_headers(head: bytes) -> dict[str, str]:
-    """The ``X-Bench-*`` header fields of a message's header section (lower-cased names)."""
-    fields: dict[str, str] = {}
-    for raw in head.split(b"\r\n"):
-        name, sep, value = raw.partition(b":")
-        if sep and name.lower().startswith(b"x-bench-"):
-            fields[name.decode("ascii", "replace").lower()] = value.strip().decode(
-                "ascii", "replace"
-            )
-    return fields
+def reject_pattern(addresses: Sequence[str]) -> str | None:
+    """A recipient pattern matching exactly these addresses (any case), or None."""
+    if not addresses:
+        return None
+    return "^(?:" + "|".join(re.escape(a) for a in addresses) + ")$"
 
 
-class Recorder:
-    """Buffers CSV rows for one MX; ``flush`` writes them (called every 0.25 s)."""
-
-    def __init__(self, name: str, path: Path) -> None:
-        self.name = name
-        self.file: TextIO = path.open("w", newline="")
-        self.writer = csv.writer(self.file)
-        self.writer.writerow(CSV_HEADER)
-        self.rows: list[tuple[str, ...]] = []
-        self.count = 0
-
-    def record(self, fields: dict[str, str], received_at: float) -> None:
-        self.count += 1
-        self.rows.append((
-            self.name,
-            fields.get("x-bench-tenant", ""),
-            fields.get("x-bench-id", f"unknown-{self.name}-{self.count}"),
-            fields.get("x-bench-sent", ""),
-            f"{received_at:.6f}",
-        ))  # fmt: skip
-
-    def flush(self) -> None:
-        if self.rows:
-            self.writer.writerows(self.rows)
-            self.rows.clear()
-        self.file.flush()
-
-    def close(self) -> None:
-        self.flush()
-        self.file.close()
+def build(spec: MxSpec, out_dir: Path) -> tuple[ScriptedMX, DeliveryRecorder | None]:
+    """The MX of ``spec``, recording into ``out_dir`` (and its delivery CSV, if it has one)."""
+    deliveries: DeliveryRecorder | None = None
+    if spec.record == "maildir":
+        recorder: DeliveryRecorder | MaildirRecorder = MaildirRecorder(out_dir / spec.name)
+    else:
+        recorder = deliveries = DeliveryRecorder(spec.name, out_dir / f"deliveries-{spec.name}.csv")
+    tls = self_signed_context(out_dir / f"tls-{spec.name}", spec.hostname) if spec.tls else None
+    mx = ScriptedMX(
+        host=spec.host, port=spec.port, hostname=spec.hostname, tls=tls,
+        reject_rcpt=reject_pattern(spec.reject), reply_delay=spec.reply_delay,
+        data_reply_delay=spec.data_reply_delay, connection_limit=spec.connection_limit,
+        qid_format=spec.qid_format, idle_timeout=spec.idle_timeout, transcript=False,
+        recorders=[recorder],
+    )  # fmt: skip
+    return mx, deliveries
 
 
-class Mx:
-    """The SMTP dialogue of one MX; ``session`` is the asyncio server's callback."""
-
-    def __init__(self, spec: MxSpec, recorder: Recorder) -> None:
-        self.spec = spec
-        self.recorder = recorder
-        self.active: Counter[str] = Counter()
-        self.peak: Counter[str] = Counter()  # the most concurrent connections per client
-        self.connections = 0
-        self.refused = 0
-        self.queued = 0
-
-    def stats(self) -> dict[str, object]:
-        """What ends up in ``mx-stats.json``: sessions, 421 refusals, peak per client."""
-        return {
-            "connections": self.connections,
-            "accepted_messages": self.queued,
-            "refused_421": self.refused,
-            "peak_connections_per_client": dict(sorted(self.peak.items())),
-        }
-
-    async def _reply(self, writer: asyncio.StreamWriter, text: str, extra: float = 0.0) -> None:
-        delay = (self.spec.delay if self.spec.kind == "tarpit" else 0.0) + extra
-        if delay > 0:
-            await asyncio.sleep(delay)
-        writer.write(text.encode("ascii") + b"\r\n")
-        await writer.drain()
-
-    async def session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = str((writer.get_extra_info("peername") or ("?",))[0])
-        try:
-            if self.spec.kind == "limited" and self.active[peer] >= self.spec.limit:
-                self.refused += 1
-                writer.write(b"421 4.7.0 Error: too many connections from " + peer.encode()
-                             + b"\r\n")  # fmt: skip
-                await writer.drain()
-                return
-            self.active[peer] += 1
-            self.connections += 1
-            self.peak[peer] = max(self.peak[peer], self.active[peer])
-            try:
-                await self._dialogue(reader, writer)
-            finally:
-                self.active[peer] -= 1
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ValueError):  # fmt: skip
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-    async def _line(self, reader: asyncio.StreamReader) -> bytes:
-        async with asyncio.timeout(READ_TIMEOUT):
-            line = await reader.readline()
-        if not line:
-            raise asyncio.IncompleteReadError(b"", None)
-        return line
-
-    async def _dialogue(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        name = f"{self.spec.name}.msb.test"
-        await self._reply(writer, f"220 {name} ESMTP bench {self.spec.kind}")
-        while True:
-            line = await self._line(reader)
-            verb = line[:4].upper()
-            if verb in (b"EHLO", b"HELO"):
-                await self._reply(writer, f"250-{name}\r\n250-PIPELINING\r\n250-SIZE "
-                                  f"{MESSAGE_LIMIT}\r\n250 8BITMIME")  # fmt: skip
-            elif verb == b"MAIL":
-                await self._reply(writer, "250 2.1.0 Ok")
-            elif verb == b"RCPT":
-                await self._reply(writer, "250 2.1.5 Ok")
-            elif verb == b"DATA":
-                await self._reply(writer, "354 End data with <CR><LF>.<CR><LF>")
-                await self._data(reader, writer)
-            elif verb in (b"RSET", b"NOOP"):
-                await self._reply(writer, "250 2.0.0 Ok")
-            elif verb == b"QUIT":
-                await self._reply(writer, "221 2.0.0 Bye")
-                return
-            else:
-                await self._reply(writer, "502 5.5.2 Error: command not recognized")
-
-    async def _data(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head: list[bytes] = []
-        in_head = True
-        size = 0
-        while True:
-            line = await self._line(reader)
-            if line in (b".\r\n", b".\n"):
-                break
-            size += len(line)
-            if in_head:
-                if line in (b"\r\n", b"\n"):
-                    in_head = False
-                else:
-                    head.append(line)
-        if size > MESSAGE_LIMIT:
-            await self._reply(writer, "552 5.3.4 Error: message too big")
-            return
-        fields = bench_headers(b"\r\n".join(line.rstrip(b"\r\n") for line in head))
-        extra = self.spec.data_delay if self.spec.kind == "tarpit" else 0.0
-        delay = (self.spec.delay if self.spec.kind == "tarpit" else 0.0) + extra
-        if delay > 0:
-            await asyncio.sleep(delay)
-        self.queued += 1
-        self.recorder.record(fields, time.time())
-        writer.write(f"250 2.0.0 Ok: queued as {self.spec.name}-{self.queued}\r\n".encode())
-        await writer.drain()
-
-
-async def serve(specs: list[MxSpec], out_dir: Path, max_seconds: float) -> int:
-    """Serve every MX until SIGTERM/SIGINT or ``max_seconds``; write the CSVs; return 0."""
+async def serve(specs: Sequence[MxSpec], out_dir: Path, max_seconds: float) -> int:
+    """Serve every MX until SIGTERM/SIGINT or ``max_seconds``; write the stats; return 0."""
     stop = stop_event()
-    recorders = [Recorder(spec.name, out_dir / f"deliveries-{spec.name}.csv") for spec in specs]
-    servers: list[asyncio.Server] = []
-    mxes: list[Mx] = []
+    built = [build(spec, out_dir) for spec in specs]
+    csvs = [deliveries for _, deliveries in built if deliveries is not None]
     try:
-        for spec, recorder in zip(specs, recorders, strict=True):
-            mx = Mx(spec, recorder)
-            mxes.append(mx)
-            servers.append(await asyncio.start_server(
-                mx.session, spec.host, spec.port, backlog=1024, limit=LINE_LIMIT,
-                reuse_address=True,
-            ))  # fmt: skip
-        (out_dir / "mx-ready").write_text(json.dumps([s.name for s in specs]) + "\n")
-        deadline = time.monotonic() + max_seconds
-        while time.monotonic() < deadline:
-            if await wait_or_timeout(stop, min(0.25, deadline - time.monotonic())):
-                break
-            for recorder in recorders:
-                recorder.flush()
+        async with AsyncExitStack() as stack:
+            for mx, _ in built:
+                await stack.enter_async_context(mx)
+            (out_dir / READY_NAME).write_text(json.dumps([s.name for s in specs]) + "\n")
+            deadline = time.monotonic() + max_seconds
+            while time.monotonic() < deadline:
+                if await wait_or_timeout(stop, min(0.25, deadline - time.monotonic())):
+                    break
+                for deliveries in csvs:
+                    deliveries.flush()
     finally:
-        for server in servers:
-            server.close()
-        for recorder in recorders:
-            recorder.close()
-        (out_dir / STATS_NAME).write_text(json.dumps({mx.spec.name: mx.stats() for mx in mxes}))
+        for deliveries in csvs:
+            deliveries.close()
+        stats = {spec.name: mx.stats() for spec, (mx, _) in zip(specs, built, strict=True)}
+        (out_dir / STATS_NAME).write_text(json.dumps(stats))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mailsluice.benchmark.scenarios.mx")
+    parser = argparse.ArgumentParser(prog="python -m mailsluice_lab.peers.run_mx")
     parser.add_argument("--spec", required=True, help="JSON list of MxSpec fields")
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--max-seconds", type=float, default=900.0)

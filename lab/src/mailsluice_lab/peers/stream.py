@@ -1,4 +1,4 @@
-"""A small buffered asyncio protocol shared by the test MX and the raw test client.
+"""A small buffered asyncio protocol shared by the scriptable MX and the raw SMTP client.
 
 Why not ``asyncio.StreamReader``: tests need byte-level control that the streams API hides.
 On CPython 3.11 ``StreamWriter.start_tls()`` silently keeps plaintext bytes that were buffered
@@ -54,9 +54,10 @@ class BufferedConnection(asyncio.Protocol):
         self._gone = asyncio.Event()
         self._paused_by_owner = False
         self._paused_for_buffer = False
-        #: Every application-level byte received (plaintext, decrypted after STARTTLS).
+        #: Every application-level byte received (plaintext, decrypted after STARTTLS; kept
+        #: only with ``keep_transcript``).
         self.received = bytearray()
-        #: Every application-level byte written.
+        #: Every application-level byte written (kept only with ``keep_transcript``).
         self.sent = bytearray()
         #: The exception ``connection_lost`` reported (e.g. ``ConnectionResetError``), if any.
         self.close_error: BaseException | None = None
@@ -229,7 +230,8 @@ class BufferedConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing() or self._closed:
             return
-        self.sent += data
+        if self._keep_transcript:
+            self.sent += data
         transport.write(data)
 
     async def drain(self, *, timeout: float | None = 30.0) -> None:

@@ -21,11 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.scenarios import cli
-from mailsluice.benchmark.scenarios.measures import ratio, variant_figures
-from mailsluice.benchmark.scenarios.mx import MxSpec
-from mailsluice.benchmark.scenarios.runner import VariantRun
-from mailsluice.benchmark.scenarios.schedule import congestion_plan
+from mailsluice_lab.bench.scenarios import driver
+from mailsluice_lab.bench.scenarios.measures import ratio, variant_figures
+from mailsluice_lab.bench.scenarios.runner import VariantRun, scenario_mx
+from mailsluice_lab.bench.scenarios.schedule import congestion_plan
 
 SCENARIO = "congestion"
 TARPIT = "mx3"
@@ -34,13 +33,13 @@ HEALTHY = ("mx1", "mx2")
 
 def parse_args(argv: list[str]) -> argparse.Namespace | int:
     """The options (``a`` = messages per round of tenants 1 and 2), or an exit status."""
-    parser = cli.parser(SCENARIO, "Congestion through a Postfix relay vs mailsluice: 3 "
+    parser = driver.parser(SCENARIO, "Congestion through a Postfix relay vs mailsluice: 3 "
                         "tenants, 3 MX, tenant 3 floods a tarpit MX.")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--messages", type=int, default=5,
                         help="a: messages per round from tenants 1 and 2")  # fmt: skip
     parser.add_argument("--ratio", type=int, default=100, help="tenant 3 sends ratio * a")
-    cli.add_load_options(parser, interval=5.0, between="rounds", scaled="a")
+    driver.add_load_options(parser, interval=5.0, between="rounds", scaled="a")
     parser.add_argument("--tarpit-delay", type=float, default=0.1,
                         help="tarpit: seconds before every reply")  # fmt: skip
     parser.add_argument("--tarpit-data-delay", type=float, default=0.0,
@@ -53,7 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
             return "--rounds and --ratio must be at least 1, delays not negative"
         return None
 
-    args = cli.parse(parser, argv, check)
+    args = driver.parse(parser, argv, check)
     if isinstance(args, argparse.Namespace):
         args.a = max(1, round(args.messages * args.scale))
     return args
@@ -62,16 +61,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
 def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliveries: Path,
                   queues: Path | None) -> dict[str, Any]:  # fmt: skip
     """summary.json: stats.summarize_run's figures plus per-MX sent/missing and run facts."""
-    from mailsluice.benchmark.scenarios import stats
+    from mailsluice_lab.bench.scenarios import stats
 
     measured = stats.summarize_run(
         SCENARIO, stats.read_deliveries(deliveries),
         queues=stats.read_queues(queues) if queues else (), variants=list(runs),
-        sent_by_mx={label: cli.sent_by_mx(run) for label, run in runs.items()}, tarpit_mx=TARPIT,
+        sent_by_mx={label: driver.sent_by_mx(run) for label, run in runs.items()}, tarpit_mx=TARPIT,
     )  # fmt: skip
     for label, run in runs.items():
         measured["variants"][label].update({
-            **cli.variant_facts(run),
+            **driver.variant_facts(run),
             "mx": variant_figures(
                 run.submitted, run.received, started_at=run.started_at,
                 injection_s=run.injection_s, groups={"healthy": HEALTHY},
@@ -92,27 +91,27 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
     }  # fmt: skip
     return {
         **measured,
-        **cli.summary_head(SCENARIO, args, parameters, runs),
+        **driver.summary_head(SCENARIO, args, parameters, runs),
         "comparison": comparison,
     }
 
 
 def _outputs(args: argparse.Namespace, runs: dict[str, VariantRun]) -> Path:
     out: Path = args.out
-    deliveries = cli.write_deliveries(out, SCENARIO, runs)
-    queues = cli.write_queues(out, runs)
+    deliveries = driver.write_deliveries(out, SCENARIO, runs)
+    queues = driver.write_queues(out, runs)
     summary = build_summary(args, runs, deliveries, queues)
 
     def plot() -> list[Path]:
-        from mailsluice.benchmark.scenarios import plots
+        from mailsluice_lab.bench.scenarios import plots
 
         return plots.plot_congestion(
             out, deliveries, queues, starts={label: run.started_at for label, run in runs.items()},
             mx_roles={TARPIT: "tarpit"},
-            sent={label: cli.sent_by_mx(run) for label, run in runs.items()},
+            sent={label: driver.sent_by_mx(run) for label, run in runs.items()},
         )  # fmt: skip
 
-    return cli.write_outputs(out, SCENARIO, summary, plot)
+    return driver.write_outputs(out, SCENARIO, summary, plot)
 
 
 def _print_table(runs: dict[str, VariantRun], summary_path: Path) -> None:
@@ -136,13 +135,13 @@ def _print_table(runs: dict[str, VariantRun], summary_path: Path) -> None:
           f"summary in {summary_path})")  # fmt: skip
 
 
-def setup(args: argparse.Namespace) -> cli.Setup:
+def setup(args: argparse.Namespace) -> driver.Setup:
     plan = congestion_plan(rounds=args.rounds, interval=args.interval, a=args.a, ratio=args.ratio)
-    specs = (MxSpec("mx1", ""), MxSpec("mx2", ""),
-             MxSpec(TARPIT, "", kind="tarpit", delay=args.tarpit_delay,
-                    data_delay=args.tarpit_data_delay))  # fmt: skip
+    specs = (scenario_mx("mx1"), scenario_mx("mx2"),
+             scenario_mx(TARPIT, reply_delay=args.tarpit_delay,
+                         data_reply_delay=args.tarpit_data_delay))  # fmt: skip
     relay = {"qmgr_message_active_limit": str(args.active_limit)}
-    return cli.Setup(plan, specs, plan.duration() + 240, f"{plan.total()} messages",
+    return driver.Setup(plan, specs, plan.duration() + 240, f"{plan.total()} messages",
                      {"relay_settings": relay})  # fmt: skip
 
 
@@ -152,4 +151,4 @@ def finish(args: argparse.Namespace, runs: dict[str, VariantRun]) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the congestion scenario; 0 when every variant delivered every message."""
-    return cli.drive(SCENARIO, argv, parse_args, setup, finish)
+    return driver.drive(SCENARIO, argv, parse_args, setup, finish)

@@ -30,12 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.report import machine_info
-from mailsluice.benchmark.scenarios import postfix, topology
-from mailsluice.benchmark.scenarios.mx import MxSpec
-from mailsluice.benchmark.scenarios.runner import VARIANTS, RunConfig, VariantRun, run_variant
-from mailsluice.benchmark.scenarios.schedule import Plan
-from mailsluice.benchmark.scenarios.stats import ordered_variants
+from mailsluice_lab.bench.report import machine_info
+from mailsluice_lab.bench.scenarios import postfix, topology
+from mailsluice_lab.bench.scenarios.runner import VARIANTS, RunConfig, VariantRun, run_variant
+from mailsluice_lab.bench.scenarios.schedule import Plan
+from mailsluice_lab.bench.scenarios.stats import ordered_variants
+from mailsluice_lab.peers.run_mx import MxSpec
 
 DELIVERY_HEADER = ("variant", "scenario", "tenant", "mx", "message_id", "sent_at",
                    "received_at", "latency_s")  # fmt: skip
@@ -52,7 +52,7 @@ def parser(scenario: str, description: str) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--via", default="all", help="mailsluice, postfix, direct, a comma list, or all")
-    p.add_argument("--out", type=Path, default=Path(f"bench/results/{scenario}"),
+    p.add_argument("--out", type=Path, default=Path(f"lab/results/{scenario}"),
                    help="directory for the CSVs, summary.json, plots and report.md")  # fmt: skip
     p.add_argument("--msa", choices=("auto", "postfix", "sim"), default="auto",
                    help="tenant MSAs: private Postfix instances, or simulated")  # fmt: skip
@@ -348,7 +348,7 @@ def write_outputs(
         notes.append(f"no plots: {exc} (pip install matplotlib)")
     target = out / "summary.json"
     target.write_text(json.dumps(summary, indent=2) + "\n")
-    from mailsluice.benchmark.scenarios import report
+    from mailsluice_lab.bench.scenarios import report
 
     print(f"report: {report.write_report(out, scenario, summary)}", file=sys.stderr)
     return target
@@ -356,7 +356,7 @@ def write_outputs(
 
 def print_results(scenario: str, summary_path: Path) -> None:
     """The report's results table on stdout."""
-    from mailsluice.benchmark.scenarios import report
+    from mailsluice_lab.bench.scenarios import report
 
     summary = json.loads(summary_path.read_text())
     print("\n".join(report.results(scenario, summary)))

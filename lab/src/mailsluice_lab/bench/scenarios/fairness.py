@@ -26,12 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.scenarios import cli
-from mailsluice.benchmark.scenarios.measures import ratio
-from mailsluice.benchmark.scenarios.mx import MxSpec
-from mailsluice.benchmark.scenarios.runner import VariantRun
-from mailsluice.benchmark.scenarios.schedule import fairness_plan
-from mailsluice.benchmark.scenarios.stats import Delivery
+from mailsluice_lab.bench.scenarios import driver
+from mailsluice_lab.bench.scenarios.measures import ratio
+from mailsluice_lab.bench.scenarios.runner import VariantRun, scenario_mx
+from mailsluice_lab.bench.scenarios.schedule import fairness_plan
+from mailsluice_lab.bench.scenarios.stats import Delivery
 
 SCENARIO = "fairness"
 MX = "mx1"
@@ -39,7 +38,7 @@ FIGURES = ("jain_index", "slowest_fastest_ratio", "completion_s")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace | int:
-    parser = cli.parser(SCENARIO, "Fairness under a per-client connection limit: 3 tenants "
+    parser = driver.parser(SCENARIO, "Fairness under a per-client connection limit: 3 tenants "
                         "send N messages each, at once, to one MX that allows LIMIT concurrent "
                         "connections per client address.")  # fmt: skip
     parser.add_argument("--messages", type=int, default=1000, help="N: messages per tenant")
@@ -69,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
             return "--backoff: whole seconds, at least 1"
         return None
 
-    return cli.parse(parser, argv, check)
+    return driver.parse(parser, argv, check)
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any]:
@@ -85,7 +84,7 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 
 def spreads(variants: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per variant (labels ``x#k`` folded into ``x``): the spread of each fairness figure."""
-    from mailsluice.benchmark.scenarios.stats import split_label
+    from mailsluice_lab.bench.scenarios.stats import split_label
 
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for label, entry in variants.items():
@@ -114,16 +113,16 @@ def t0(run: VariantRun) -> float:
 def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliveries: Path,
                   queues: Path | None) -> dict[str, Any]:  # fmt: skip
     """summary.json: per run the fairness figures from the release, and their spread."""
-    from mailsluice.benchmark.scenarios import stats
+    from mailsluice_lab.bench.scenarios import stats
 
     rows = stats.read_deliveries(deliveries)
     measured = stats.summarize_run(
         SCENARIO, rows, queues=stats.read_queues(queues) if queues else (), variants=list(runs),
-        sent_by_mx={label: cli.sent_by_mx(run) for label, run in runs.items()},
+        sent_by_mx={label: driver.sent_by_mx(run) for label, run in runs.items()},
     )  # fmt: skip
     for label, run in runs.items():
         entry = measured["variants"][label]
-        entry.update(cli.variant_facts(run))
+        entry.update(driver.variant_facts(run))
         entry["fairness"] = stats.fairness_summary(rows, label, start=t0(run))
         mine = stats.summarize_deliveries(from_release(rows, label, t0(run)))
         entry["deliveries"] = mine.get(label)
@@ -141,7 +140,7 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
                   "limit_per_client": args.limit, "repeat": args.repeat,
                   "submission_connections": args.parallel, "backoff_s": args.backoff,
                   "release": "held in the MSAs, then at once"}  # fmt: skip
-    head = cli.summary_head(SCENARIO, args, parameters, runs)
+    head = driver.summary_head(SCENARIO, args, parameters, runs)
     head["notes"] = [*explanations(args.backoff), *head["notes"]]
     return {**measured, **head, "spread": by_variant, "comparison": comparison}
 
@@ -159,31 +158,31 @@ def explanations(backoff: float) -> list[str]:
     ]
 
 
-def setup(args: argparse.Namespace) -> cli.Setup:
+def setup(args: argparse.Namespace) -> driver.Setup:
     plan = fairness_plan(messages=args.messages, tenants=args.tenants, mx=MX)
     retry = {"minimal_backoff_time": f"{args.backoff:g}s",
              "maximal_backoff_time": f"{2 * args.backoff:g}s"}  # fmt: skip
     what = f"{args.tenants} x {args.messages} messages, limit {args.limit} per client"
     options = {"parallel": args.parallel, "hold": True, "relay_settings": retry,
                "msa_settings": retry}  # fmt: skip
-    return cli.Setup(plan, (MxSpec(MX, "", kind="limited", limit=args.limit),), 240.0, what,
+    return driver.Setup(plan, (scenario_mx(MX, connection_limit=args.limit),), 240.0, what,
                      options)  # fmt: skip
 
 
 def finish(args: argparse.Namespace, runs: dict[str, VariantRun]) -> None:
     out: Path = args.out
-    deliveries = cli.write_deliveries(out, SCENARIO, runs)
-    summary = build_summary(args, runs, deliveries, cli.write_queues(out, runs))
+    deliveries = driver.write_deliveries(out, SCENARIO, runs)
+    summary = build_summary(args, runs, deliveries, driver.write_queues(out, runs))
 
     def plot() -> list[Path]:
-        from mailsluice.benchmark.scenarios import plots
+        from mailsluice_lab.bench.scenarios import plots
 
         starts = {label: t0(run) for label, run in runs.items()}
         return plots.plot_fairness(out, deliveries, starts=starts)
 
-    cli.print_results(SCENARIO, cli.write_outputs(out, SCENARIO, summary, plot))
+    driver.print_results(SCENARIO, driver.write_outputs(out, SCENARIO, summary, plot))
 
 
 def main(argv: list[str]) -> int:
     """Run the fairness scenario; 0 when every variant delivered every message."""
-    return cli.drive(SCENARIO, argv, parse_args, setup, finish)
+    return driver.drive(SCENARIO, argv, parse_args, setup, finish)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mailsluice.benchmark.scenarios.stats import percentile
+from mailsluice_lab.bench.scenarios.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from mailsluice.benchmark.scenarios.smtpclient import SmtpConnection, SmtpReplyError
+from mailsluice_lab.peers.sender import SmtpReplyError, SmtpSender
 
 HostPort = tuple[str, int]
 
@@ -151,7 +151,7 @@ class SimMSA:
         return destination.ready.popleft()
 
     async def _worker(self, hop: HostPort, stop: asyncio.Event) -> None:
-        conn: SmtpConnection | None = None
+        conn: SmtpSender | None = None
         try:
             while not stop.is_set():
                 entry = await self._take(hop, stop, self.idle_close if conn else None)
@@ -163,7 +163,7 @@ class SimMSA:
                 entry.attempts += 1
                 try:
                     if conn is None:
-                        conn = await SmtpConnection.open(
+                        conn = await SmtpSender.open(
                             hop[0], hop[1], helo=self.helo, timeout=self.timeout
                         )
                     envelope = entry.envelope

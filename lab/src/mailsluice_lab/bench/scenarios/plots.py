@@ -26,7 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from mailsluice.benchmark.scenarios.stats import (
+from mailsluice_lab.bench.scenarios.stats import (
     Delivery,
     QueueSample,
     ResourceSample,

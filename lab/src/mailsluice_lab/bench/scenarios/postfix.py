@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mailsluice.benchmark.forwarders import _POSTFIX_SERVICES as SERVICES
-from mailsluice.benchmark.procs import find_program
-from mailsluice.netns import Namespace, listening_ports
+from mailsluice_lab.bench.forwarders import _POSTFIX_SERVICES as SERVICES
+from mailsluice_lab.netns.plumbing import Namespace
+from mailsluice_lab.netns.processes import listening_ports
+from mailsluice_lab.processes import find_program
 
 FAST_RETRY: Mapping[str, str] = {
     "queue_run_delay": "1s",

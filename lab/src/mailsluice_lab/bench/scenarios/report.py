@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.scenarios.stats import tenant_label
+from mailsluice_lab.bench.scenarios.stats import tenant_label
 
 REPORT_NAME = "report.md"
 Column = tuple[str, Callable[[Mapping[str, Any]], str]]

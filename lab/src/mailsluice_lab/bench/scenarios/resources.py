@@ -21,12 +21,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.scenarios import cli
-from mailsluice.benchmark.scenarios.measures import ratio
-from mailsluice.benchmark.scenarios.mx import MxSpec
-from mailsluice.benchmark.scenarios.procstat import RESOURCE_COLUMNS, ResourceRow
-from mailsluice.benchmark.scenarios.runner import VariantRun
-from mailsluice.benchmark.scenarios.schedule import bursts_plan
+from mailsluice_lab.bench.scenarios import driver
+from mailsluice_lab.bench.scenarios.measures import ratio
+from mailsluice_lab.bench.scenarios.procstat import RESOURCE_COLUMNS, ResourceRow
+from mailsluice_lab.bench.scenarios.runner import VariantRun, scenario_mx
+from mailsluice_lab.bench.scenarios.schedule import bursts_plan
 
 SCENARIO = "resources"
 EXPLANATIONS = (
@@ -54,12 +53,12 @@ def parse_bursts(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace | int:
-    parser = cli.parser(SCENARIO, "Resource use of the aggregation point: every tenant sends "
+    parser = driver.parser(SCENARIO, "Resource use of the aggregation point: every tenant sends "
                         "growing bursts to its own sink MX; CPU, memory and disk I/O of "
                         "mailsluice or the Postfix relay are sampled.")  # fmt: skip
     parser.add_argument("--bursts", default="200,600,2000",
                         help="messages per tenant in each burst, comma separated")  # fmt: skip
-    cli.add_load_options(parser, interval=5.0, between="bursts", scaled="every burst")
+    driver.add_load_options(parser, interval=5.0, between="bursts", scaled="every burst")
     parser.add_argument("--sample-every", type=float, default=0.5,
                         help="seconds between samples of the aggregation point")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=8,
@@ -75,7 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
             return "--interval >= 0, --sample-every >= 0.1, --parallel >= 1, --scale > 0"
         return None
 
-    return cli.parse(parser, argv, check)
+    return driver.parse(parser, argv, check)
 
 
 def cpu_seconds(rows: Sequence[ResourceRow]) -> float:
@@ -97,22 +96,22 @@ def extra_figures(run: VariantRun) -> dict[str, Any]:
 
 def write_resources(out: Path, runs: Mapping[str, VariantRun]) -> Path:
     rows = [(label, *row) for label, run in runs.items() for row in run.resources]
-    return cli.write_csv(out / "resources.csv", ("variant", *RESOURCE_COLUMNS), rows)
+    return driver.write_csv(out / "resources.csv", ("variant", *RESOURCE_COLUMNS), rows)
 
 
 def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliveries: Path,
                   resources: Path, queues: Path | None) -> dict[str, Any]:  # fmt: skip
-    from mailsluice.benchmark.scenarios import stats
+    from mailsluice_lab.bench.scenarios import stats
 
     measured = stats.summarize_run(
         SCENARIO, stats.read_deliveries(deliveries),
         queues=stats.read_queues(queues) if queues else (),
         resources=stats.read_resources(resources), variants=list(runs),
-        sent_by_mx={label: cli.sent_by_mx(run) for label, run in runs.items()},
+        sent_by_mx={label: driver.sent_by_mx(run) for label, run in runs.items()},
     )  # fmt: skip
     for label, run in runs.items():
         entry = measured["variants"][label]
-        entry.update(cli.variant_facts(run))
+        entry.update(driver.variant_facts(run))
         if "resources" in entry:
             entry["resources"].update(extra_figures(run))
         else:
@@ -135,35 +134,35 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
     parameters = {"bursts_per_tenant": list(args.burst_counts), "interval_s": args.interval,
                   "tenants": 3, "sample_every_s": args.sample_every,
                   "submission_connections": args.parallel}  # fmt: skip
-    head = cli.summary_head(SCENARIO, args, parameters, runs)
+    head = driver.summary_head(SCENARIO, args, parameters, runs)
     head["notes"] = [*EXPLANATIONS, *head["notes"]]
     return {**measured, **head, "comparison": comparison}
 
 
-def setup(args: argparse.Namespace) -> cli.Setup:
+def setup(args: argparse.Namespace) -> driver.Setup:
     plan = bursts_plan(bursts=args.burst_counts, interval=args.interval, tenants=3)
     bursts = "/".join(str(n) for n in args.burst_counts)
     what = f"{plan.total()} messages (bursts of {bursts} per tenant, {args.interval:g} s apart)"
-    sinks = tuple(MxSpec(f"mx{n}", "") for n in (1, 2, 3))
+    sinks = tuple(scenario_mx(f"mx{n}") for n in (1, 2, 3))
     options = {"parallel": args.parallel, "sample_every": args.sample_every}
-    return cli.Setup(plan, sinks, plan.duration() + 240, what, options)
+    return driver.Setup(plan, sinks, plan.duration() + 240, what, options)
 
 
 def finish(args: argparse.Namespace, runs: dict[str, VariantRun]) -> None:
     out: Path = args.out
-    deliveries = cli.write_deliveries(out, SCENARIO, runs)
+    deliveries = driver.write_deliveries(out, SCENARIO, runs)
     resources = write_resources(out, runs)
-    summary = build_summary(args, runs, deliveries, resources, cli.write_queues(out, runs))
+    summary = build_summary(args, runs, deliveries, resources, driver.write_queues(out, runs))
 
     def plot() -> list[Path]:
-        from mailsluice.benchmark.scenarios import plots
+        from mailsluice_lab.bench.scenarios import plots
 
         starts = {label: run.started_at for label, run in runs.items()}
         return plots.plot_resources(out, resources, deliveries, starts=starts)
 
-    cli.print_results(SCENARIO, cli.write_outputs(out, SCENARIO, summary, plot))
+    driver.print_results(SCENARIO, driver.write_outputs(out, SCENARIO, summary, plot))
 
 
 def main(argv: list[str]) -> int:
     """Run the resources scenario; 0 when every variant delivered every message."""
-    return cli.drive(SCENARIO, argv, parse_args, setup, finish)
+    return driver.drive(SCENARIO, argv, parse_args, setup, finish)

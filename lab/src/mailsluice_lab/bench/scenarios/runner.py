@@ -1,8 +1,9 @@
 """Run one variant of a scenario in its own namespaces and collect what happened.
 
-:func:`run_variant` builds the topology (:mod:`.topology`), starts the MX servers
-(:mod:`.mx`), the aggregation point of the variant (nothing for ``direct``; mailsluice
-behind iptables REDIRECT; or a Postfix relay the MSAs use as relayhost), one MSA per
+:func:`run_variant` builds the topology (:mod:`.topology`), starts the MX servers (the
+lab's scriptable MX, :mod:`mailsluice_lab.peers.run_mx`), the aggregation point of the
+variant (nothing for ``direct``; mailsluice behind iptables REDIRECT; or a Postfix relay
+the MSAs use as relayhost), one MSA per
 tenant (a private Postfix instance, or the simulated MSA inside the tenant process) and
 the tenant injectors (:mod:`.tenant`); then it watches the MX servers' CSV files (live
 progress per MX; the Postfix queues' lengths every second; with ``sample_every``, the
@@ -27,21 +28,33 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.scenarios import postfix, topology
-from mailsluice.benchmark.scenarios.measures import Received, Submitted
-from mailsluice.benchmark.scenarios.mx import STATS_NAME, MxSpec, specs_to_json
-from mailsluice.benchmark.scenarios.postfix import PostfixInstance, PostfixSpec
-from mailsluice.benchmark.scenarios.procstat import ResourceRow, TreeSampler
-from mailsluice.benchmark.scenarios.progress import Progress
-from mailsluice.benchmark.scenarios.schedule import Plan
-from mailsluice.benchmark.scenarios.tenant import domain_of
-from mailsluice.netns import Namespace, NetnsError, Process, spawn, start_proxy
+from mailsluice_lab.bench.scenarios import postfix, topology
+from mailsluice_lab.bench.scenarios.measures import Received, Submitted
+from mailsluice_lab.bench.scenarios.postfix import PostfixInstance, PostfixSpec
+from mailsluice_lab.bench.scenarios.procstat import ResourceRow, TreeSampler
+from mailsluice_lab.bench.scenarios.progress import Progress
+from mailsluice_lab.bench.scenarios.schedule import Plan
+from mailsluice_lab.bench.scenarios.tenant import domain_of
+from mailsluice_lab.netns.plumbing import Namespace, NetnsError
+from mailsluice_lab.netns.processes import Process, spawn, start_proxy
+from mailsluice_lab.peers.run_mx import READY_NAME, STATS_NAME, MxSpec, specs_to_json
 
 VARIANTS = ("mailsluice", "postfix", "direct")
 PROXY_PORT = 10025
 POLL_S = 0.25
 QueueRow = tuple[float, int, int, int]  # t, active, incoming, deferred
 MsaQueueRow = tuple[str, float, int, int, int]  # the MSA (t1...), then as QueueRow
+
+
+def scenario_mx(
+    name: str, *, reply_delay: float = 0.0, data_reply_delay: float = 0.0, connection_limit: int = 0
+) -> MxSpec:
+    """An MX of a scenario: a sink, a tarpit (delays) or limited (connections per client).
+    Its address is the topology's, filled in by the runner; its name is its domain's."""
+    return MxSpec(
+        name, "", hostname=domain_of(name), reply_delay=reply_delay,
+        data_reply_delay=data_reply_delay, connection_limit=connection_limit,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -148,8 +161,8 @@ def _wait_file(path: Path, proc: Process, what: str, timeout: float = 30.0) -> N
         time.sleep(0.05)
 
 
-def _python_module(module: str) -> list[str]:
-    return [sys.executable, "-m", f"mailsluice.benchmark.scenarios.{module}"]
+MX_PROGRAM = (sys.executable, "-m", "mailsluice_lab.peers.run_mx")
+TENANT_PROGRAM = (sys.executable, "-m", "mailsluice_lab.bench.scenarios.tenant")
 
 
 class _Live:
@@ -198,10 +211,10 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     mx_dir = work / "mx"
     specs = [replace(spec, host=topo.mx_ips[spec.name]) for spec in cfg.mx]
     max_s = cfg.deadline_s + cfg.startup_s + 60
-    argv = [*_python_module("mx"), "--spec", specs_to_json(specs), "--out-dir", str(mx_dir),
+    argv = [*MX_PROGRAM, "--spec", specs_to_json(specs), "--out-dir", str(mx_dir),
             "--max-seconds", str(max_s)]  # fmt: skip
     mx_proc = spawn(stack, topo.mx, argv, work / "mx.out")
-    _wait_file(mx_dir / "mx-ready", mx_proc, "the MX process")
+    _wait_file(mx_dir / READY_NAME, mx_proc, "the MX process")
     live.vital.append(("the MX process", mx_proc))
     hops = {domain_of(s.name): f"smtp:[{s.host}]:25" for s in specs}
     if cfg.variant == "mailsluice":
@@ -225,7 +238,7 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
                     **cfg.msa_settings}  # fmt: skip
     for number, ns in enumerate(topo.tenants, start=1):
         gateway = topo.agg_tenant_ips[number - 1] if cfg.variant == "postfix" else None
-        argv = [*_python_module("tenant"), "--tenant", str(number), "--plan", cfg.plan.to_json(),
+        argv = [*TENANT_PROGRAM, "--tenant", str(number), "--plan", cfg.plan.to_json(),
                 "--out", str(work / f"submitted-t{number}.csv"), "--size", str(cfg.size),
                 "--max-seconds", str(max_s), "--parallel", str(cfg.parallel)]  # fmt: skip
         if cfg.msa == "postfix":

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mailsluice.benchmark.scenarios import congestion, fairness, report, resources
+from mailsluice_lab.bench.scenarios import congestion, fairness, report, resources
 
 GZIP_OVER = 256 * 1024
 VARIANTS = ("mailsluice", "postfix", "direct")
@@ -163,7 +163,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
         "and write OUT/README.md with the headline figures. Needs root.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, default=Path("bench/results/suite"),
+    parser.add_argument("--out", type=Path, default=Path("lab/results/suite"),
                         help="one directory per scenario and README.md go here")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small loads: a smoke test")
     parser.add_argument("--msa", choices=("auto", "postfix", "sim"), default="auto",

@@ -1,6 +1,6 @@
 """A tenant of a scenario: its mail user agent (the injector), and optionally a simulated MSA.
 
-``python -m mailsluice.benchmark.scenarios.tenant --tenant N --plan JSON --start-at EPOCH
+``python -m mailsluice_lab.bench.scenarios.tenant --tenant N --plan JSON --start-at EPOCH
 --out CSV (--submit HOST:PORT | --sim-routes JSON [--sim-relayhost HOST:PORT])`` runs
 inside the tenant's namespace. At each batch's time it creates the batch's messages
 (headers ``X-Bench-Id``, ``X-Bench-Tenant``, ``X-Bench-Sent``: the epoch time the message
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from mailsluice.benchmark.scenarios.aio import run, stop_event, wait_or_timeout
-from mailsluice.benchmark.scenarios.msa import Envelope, HostPort, SimMSA
-from mailsluice.benchmark.scenarios.schedule import Batch, Plan, message_ids
-from mailsluice.benchmark.scenarios.smtpclient import SmtpConnection, SmtpReplyError
+from mailsluice_lab.aio import run, stop_event, wait_or_timeout
+from mailsluice_lab.bench.scenarios.msa import Envelope, HostPort, SimMSA
+from mailsluice_lab.bench.scenarios.schedule import Batch, Plan, message_ids
+from mailsluice_lab.peers.sender import SmtpReplyError, SmtpSender
 
 DOMAIN_SUFFIX = "msb.test"
 SUBMITTED_HEADER = ("tenant", "mx", "message_id", "sent_at", "status")
@@ -85,13 +85,13 @@ async def _smtp_batch(
     chunks = [items[i::parallel] for i in range(min(parallel, len(items)))]
 
     async def one_connection(chunk: list[tuple[Batch, str]]) -> None:
-        conn: SmtpConnection | None = None
+        conn: SmtpSender | None = None
         for batch, message_id in chunk:
             sent_at = time.time()
             data = make_message(tenant, batch.mx, message_id, sent_at, size)
             try:
                 if conn is None:
-                    conn = await SmtpConnection.open(*server, helo=f"mua{tenant}.{DOMAIN_SUFFIX}")
+                    conn = await SmtpSender.open(*server, helo=f"mua{tenant}.{DOMAIN_SUFFIX}")
                 rcpt = f"user@{domain_of(batch.mx)}"
                 await conn.send(f"tenant{tenant}@t{tenant}.{DOMAIN_SUFFIX}", [rcpt], data)
                 ledger.row(tenant, batch.mx, message_id, sent_at, "ok")
@@ -160,7 +160,7 @@ async def tenant_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mailsluice.benchmark.scenarios.tenant")
+    parser = argparse.ArgumentParser(prog="python -m mailsluice_lab.bench.scenarios.tenant")
     parser.add_argument("--tenant", type=int, required=True)
     parser.add_argument("--plan", required=True, help="the scenario's plan as JSON")
     parser.add_argument("--start-at", type=float, required=True, help="epoch time of t = 0")

@@ -29,7 +29,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from mailsluice.netns import (
+from mailsluice_lab.netns.plumbing import (
     Namespace,
     NetnsError,
     address,
