@@ -55,6 +55,11 @@ class Namespace:
 
     name: str
 
+    @property
+    def path(self) -> str:
+        """The file that names the namespace (``ip netns add`` bind-mounts it there)."""
+        return f"/run/netns/{self.name}"
+
     def cmd(self, *argv: str) -> list[str]:
         """``argv`` wrapped to run inside this namespace."""
         return ["ip", "netns", "exec", self.name, *argv]

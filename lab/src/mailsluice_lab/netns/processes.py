@@ -1,10 +1,11 @@
 """Processes inside network namespaces: started, waited for, stopped.
 
 :func:`spawn` runs a command in a namespace (as another user, if asked) and stops it when
-its ``ExitStack`` closes; :meth:`Process.wait_listening` waits until a port listens. On top
-of them, the lab's programs in a namespace: the MX (:func:`start_mx`,
-:mod:`mailsluice_lab.peers.run_mx`), ``mailsluice serve`` (:func:`start_proxy`) and one
-message sent from inside (:func:`send_in`, :mod:`mailsluice_lab.peers.run_send`).
+its ``ExitStack`` closes; :meth:`Process.wait_listening` waits until a port listens *in
+that namespace*. On top of them, the lab's programs in a namespace: the MX
+(:func:`start_mx`, :mod:`mailsluice_lab.peers.run_mx`), ``mailsluice serve``
+(:func:`start_proxy`) and one message sent from inside (:func:`send_in`,
+:mod:`mailsluice_lab.peers.run_send`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from mailsluice_lab.peers.sender import SendResult
 
 
 def listening_ports(pid: int) -> set[int]:
-    """TCP ports in LISTEN state in the network namespace of process ``pid``."""
+    """TCP ports in LISTEN state in the network namespace process ``pid`` is in *now*."""
     ports: set[int] = set()
     for table in ("tcp", "tcp6"):
         try:
@@ -40,6 +41,17 @@ def listening_ports(pid: int) -> set[int]:
             if len(parts) > 3 and parts[3] == "0A":  # TCP_LISTEN
                 ports.add(int(parts[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def in_namespace(pid: int, ns: Namespace) -> bool:
+    """Whether process ``pid`` is in ``ns`` (its network namespace is the one ``ns`` names,
+    as ``ip netns identify`` compares them)."""
+    try:
+        current = os.stat(f"/proc/{pid}/ns/net")
+        wanted = os.stat(ns.path)
+    except OSError:
+        return False
+    return (current.st_dev, current.st_ino) == (wanted.st_dev, wanted.st_ino)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +70,14 @@ class Process:
             return ""
 
     def listening(self, port: int) -> bool:
-        """Whether ``port`` listens in the process's namespace."""
-        return port in listening_ports(self.popen.pid)
+        """Whether ``port`` listens in the process's namespace.
+
+        The process starts as ``ip netns exec``, in the host's namespace, and enters its
+        own only then: until it has, its /proc view is the host's, where another program
+        may well listen on the same port (a mailsluice on 10025, say).
+        """
+        pid = self.popen.pid
+        return in_namespace(pid, self.ns) and port in listening_ports(pid)
 
     def wait_listening(self, port: int, timeout: float = 20.0) -> None:
         """Return once ``port`` is listening in the process's namespace (polls /proc)."""
