@@ -6,6 +6,11 @@ no-op log, so what it measures is our Python per session: the shell's callbacks,
 relay, the action dispatch, the timer bookkeeping and the connection's task. The kernel's
 share (syscalls, TCP on loopback) is not in it; ``mailsluice bench relay`` measures the
 whole. Bounded: --sessions (default 10,000). Prints microseconds per session.
+
+    .venv/bin/python -m tests.perf.session_shell_cost [--sessions 10000]
+
+It lives with the product's tests, not in the lab: it drives the runtime's internals
+(``runtime.handler``, ``runtime.mxleg``, ...), which the lab may not import.
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ import ipaddress
 import time
 from typing import Any
 
-from relay_core_bench import BODY, CLIENT, SERVER
-
 from mailsluice.config import HostPort, Settings
 from mailsluice.policy.limits import Caps
 from mailsluice.relay import events as ev
@@ -26,6 +29,7 @@ from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.services import Services
 from mailsluice.sessionlog.threadwriter import NullWriter
+from mailsluice_lab.bench.relay_core import BODY, CLIENT, SERVER
 
 
 class MemoryTransport:

@@ -1,31 +1,27 @@
-"""The bench scenarios' output: statistics, CSV loaders, Markdown report, PNG plots, progress."""
+"""The bench scenarios' files: the CSV loaders and summaries, the Markdown report, the suite's
+README, the PNG plots, all from synthetic data written to a temporary directory."""
 
 from __future__ import annotations
 
 import csv
 import gzip
-import io
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.lab.bench_rows import T0, congestion_rows, fairness_rows
 
-from mailsluice.benchmark.scenarios import plots, report, stats, suite
-from mailsluice.benchmark.scenarios.progress import Progress
-from mailsluice.benchmark.scenarios.stats import (
+from mailsluice_lab.bench.scenarios import plots, report, stats, suite
+from mailsluice_lab.bench.scenarios.stats import (
     DELIVERY_FIELDS,
     QUEUE_FIELDS,
     RESOURCE_FIELDS,
     Delivery,
-    jain_index,
-    percentile,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
-T0 = 1_700_000_000.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -38,39 +34,6 @@ def _write(path: Path, header: Sequence[str], rows: Sequence[Sequence[object]]) 
         writer.writerow(header)
         writer.writerows(rows)
     return path
-
-
-def _congestion_rows() -> list[Delivery]:
-    """mailsluice: healthy MXs at 0.1 s latency; postfix: healthy latency grows with the tarpit."""
-    rows = []
-    for variant, slow in (("mailsluice", 0.0), ("postfix", 2.0)):
-        for k in range(20):
-            sent = T0 + k
-            rows.append(Delivery(variant, "congestion", "1", "mx1", f"{variant}-a{k}", sent,
-                                 sent + 0.1 + slow * k, 0.1 + slow * k))  # fmt: skip
-            rows.append(Delivery(variant, "congestion", "2", "mx2", f"{variant}-b{k}", sent,
-                                 sent + 0.1 + slow * k, 0.1 + slow * k))  # fmt: skip
-        for k in range(5):  # the tarpit: 5 of 100 arrive, 30 s each
-            sent = T0 + k
-            rows.append(Delivery(variant, "congestion", "3", "mx3", f"{variant}-c{k}", sent,
-                                 sent + 30 * (k + 1), 30.0 * (k + 1)))  # fmt: skip
-    return rows
-
-
-def _fairness_rows() -> list[Delivery]:
-    """10 messages per tenant; mailsluice: tenant 1 done at 10 s, tenant 3 at 20 s; postfix even."""
-    rows = []
-    finish = {
-        "mailsluice": {"1": 10.0, "2": 15.0, "3": 20.0},
-        "postfix": dict.fromkeys("123", 30.0),
-    }
-    for variant, per_tenant in finish.items():
-        for tenant, end in per_tenant.items():
-            for k in range(10):
-                received = T0 + end * (k + 1) / 10
-                rows.append(Delivery(variant, "fairness", tenant, "mx1", f"{variant}{tenant}-{k}",
-                                     T0, received, received - T0))  # fmt: skip
-    return rows
 
 
 def _deliveries_csv(path: Path, rows: Sequence[Delivery]) -> Path:
@@ -98,37 +61,8 @@ def _resources_csv(path: Path) -> Path:
 # --- statistics --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 10])
-def test_jain_index_is_one_for_equal_shares_and_one_over_n_when_one_has_everything(n: int) -> None:
-    assert jain_index([7.5] * n) == pytest.approx(1.0)
-    assert jain_index([42.0] + [0.0] * (n - 1)) == pytest.approx(1 / n)
-
-
-def test_jain_index_known_value_and_bad_input() -> None:
-    # (1 + 2 + 3)^2 / (3 * (1 + 4 + 9)) = 36 / 42
-    assert jain_index([1.0, 2.0, 3.0]) == pytest.approx(36 / 42)
-    assert jain_index([0.0, 0.0]) == 1.0
-    for bad in ([], [1.0, -1.0], [math.nan]):
-        with pytest.raises(ValueError):
-            jain_index(bad)
-
-
-def test_percentile_interpolates_like_numpy() -> None:
-    values = [4.0, 1.0, 3.0, 2.0]  # unsorted on purpose
-    assert percentile(values, 0) == 1.0
-    assert percentile(values, 100) == 4.0
-    assert percentile(values, 50) == pytest.approx(2.5)
-    assert percentile(values, 95) == pytest.approx(3.85)
-    assert percentile([5.0], 95) == 5.0
-    assert percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)
-    with pytest.raises(ValueError):
-        percentile([], 50)
-    with pytest.raises(ValueError):
-        percentile([1.0], 101)
-
-
 def test_summary_per_variant_mx_and_tenant_from_a_synthetic_csv(tmp_path: Path) -> None:
-    rows = stats.read_deliveries(_deliveries_csv(tmp_path / "d.csv", _congestion_rows()))
+    rows = stats.read_deliveries(_deliveries_csv(tmp_path / "d.csv", congestion_rows()))
     assert len(rows) == 90
     summary = stats.summarize_deliveries(rows)
     assert list(summary) == ["mailsluice", "postfix"]
@@ -143,33 +77,6 @@ def test_summary_per_variant_mx_and_tenant_from_a_synthetic_csv(tmp_path: Path) 
     assert mx1["throughput_msg_per_s"] == pytest.approx(20 / 19.1)
     assert ms["by_tenant"]["3"]["completion_s"] == pytest.approx(4 + 150)  # sent at 4, took 150
     assert summary["postfix"]["by_mx"]["mx2"]["latency_p95_s"] > 30  # 0.1 + 2k grows to 38.1
-
-
-def test_congestion_headline_healthy_latency_and_tarpit_backlog() -> None:
-    rows = _congestion_rows()
-    sent = {"mx1": 20, "mx2": 20, "mx3": 100}
-    ms = stats.congestion_summary(rows, "mailsluice", tarpit_mx="mx3", sent_by_mx=sent)
-    pf = stats.congestion_summary(rows, "postfix", tarpit_mx="mx3", sent_by_mx=sent)
-    assert ms["healthy_mx"] == ["mx1", "mx2"]
-    assert ms["healthy_count"] == 40
-    assert ms["healthy_latency_median_s"] == pytest.approx(0.1)
-    assert pf["healthy_latency_median_s"] == pytest.approx(0.1 + 2 * 9.5)
-    assert (ms["tarpit_received"], ms["tarpit_sent"], ms["tarpit_backlog"]) == (5, 100, 95)
-
-
-def test_fairness_summary_ratio_and_jain_index() -> None:
-    rows = _fairness_rows()
-    ms = stats.fairness_summary(rows, "mailsluice")
-    assert ms["tenants"]["1"]["completion_s"] == pytest.approx(10.0)
-    assert (ms["slowest_tenant"], ms["fastest_tenant"]) == ("3", "1")
-    assert ms["slowest_fastest_ratio"] == pytest.approx(2.0)
-    assert ms["completion_s"] == pytest.approx(20.0)
-    assert ms["jain_index"] == pytest.approx(jain_index([1.0, 10 / 15, 0.5]))
-    assert ms["jain_index"] < 0.95
-    pf = stats.fairness_summary(rows, "postfix")
-    assert pf["jain_index"] == pytest.approx(1.0)
-    assert pf["slowest_fastest_ratio"] == pytest.approx(1.0)
-    assert stats.fairness_summary(rows, "direct")["jain_index"] is None
 
 
 def test_queue_and_resource_summaries(tmp_path: Path) -> None:
@@ -212,7 +119,7 @@ def _summary(scenario: str, rows: Sequence[Delivery], **kwargs: Any) -> dict[str
 def test_congestion_report_table_rows_and_machine(tmp_path: Path) -> None:
     sent = {v: {"mx1": 20, "mx2": 20, "mx3": 100} for v in ("mailsluice", "postfix")}
     queues = stats.read_queues(_queues_csv(tmp_path / "q.csv"))
-    summary = _summary("congestion", _congestion_rows(), queues=queues, sent_by_mx=sent,
+    summary = _summary("congestion", congestion_rows(), queues=queues, sent_by_mx=sent,
                        tarpit_mx="mx3")  # fmt: skip
     (tmp_path / "congestion_received.png").write_bytes(PNG_MAGIC)
     text = report.write_report(tmp_path, "congestion", summary).read_text()
@@ -227,13 +134,13 @@ def test_congestion_report_table_rows_and_machine(tmp_path: Path) -> None:
 
 
 def test_fairness_and_resources_report_rows(tmp_path: Path) -> None:
-    summary = _summary("fairness", _fairness_rows())
+    summary = _summary("fairness", fairness_rows())
     text = report.render(tmp_path, "fairness", summary)
     assert "| mailsluice | ok | 30 | 20.0 s |" in text
     assert "| 2.00x | tenant 1: 10.0 s, tenant 2: 15.0 s, tenant 3: 20.0 s |" in text
     assert "| postfix | ok | 30 | 30.0 s | 1.000 | 1.00x |" in text
     resources = stats.read_resources(_resources_csv(tmp_path / "r.csv"))
-    summary = _summary("resources", _fairness_rows(), resources=resources)
+    summary = _summary("resources", fairness_rows(), resources=resources)
     text = report.render(tmp_path, "resources", summary)
     expected = "| mailsluice | ok | 30 | 20.0 s | 1.5 | 39 % | 24 % | - | 22.4 MiB | - | 28.3 KiB |"
     assert expected in text
@@ -244,7 +151,7 @@ def test_fairness_and_resources_report_rows(tmp_path: Path) -> None:
 
 
 def test_fairness_report_shows_the_spread_of_repeated_runs(tmp_path: Path) -> None:
-    summary = _summary("fairness", _fairness_rows())
+    summary = _summary("fairness", fairness_rows())
     assert "Spread" not in report.render(tmp_path, "fairness", summary)
     summary["spread"] = {
         "mailsluice": {
@@ -261,12 +168,6 @@ def test_fairness_report_shows_the_spread_of_repeated_runs(tmp_path: Path) -> No
         "20.0 s / 25.0 s / 31.0 s |"
     ) in text
     assert "| postfix | 3 | 1.000 / 1.000 / 1.000 | - / - / - | - / - / - |" in text
-
-
-def test_machine_line_names_the_load_at_the_start() -> None:
-    machine = {"nproc": 2, "mem_total": "4026532 kB", "kernel": "Linux 6.1.0", "python": "3.11.2",
-               "loadavg_at_start": [3.456, 2.0, 1.0]}  # fmt: skip
-    assert report.machine_line(machine).endswith("Python 3.11.2, load average 3.46 at the start")
 
 
 def test_report_survives_a_sparse_summary(tmp_path: Path) -> None:
@@ -288,8 +189,8 @@ def test_report_survives_a_sparse_summary(tmp_path: Path) -> None:
 def test_suite_readme_puts_the_headlines_side_by_side(tmp_path: Path) -> None:
     sent = {v: {"mx1": 20, "mx2": 20, "mx3": 100} for v in ("mailsluice", "postfix")}
     summaries = {
-        "congestion": _summary("congestion", _congestion_rows(), sent_by_mx=sent, tarpit_mx="mx3"),
-        "fairness": _summary("fairness", _fairness_rows()),
+        "congestion": _summary("congestion", congestion_rows(), sent_by_mx=sent, tarpit_mx="mx3"),
+        "fairness": _summary("fairness", fairness_rows()),
     }
     rows = suite.headline_rows(summaries)
     assert ["congestion", "healthy MX median relay latency", "100.0 ms", "19.1 s", "-"] in rows
@@ -322,7 +223,7 @@ def _assert_pngs(paths: Sequence[Path], names: Sequence[str]) -> None:
 
 
 def test_plots_write_png_files_from_synthetic_data(tmp_path: Path) -> None:
-    deliveries = _deliveries_csv(tmp_path / "deliveries.csv", _congestion_rows())
+    deliveries = _deliveries_csv(tmp_path / "deliveries.csv", congestion_rows())
     queues = _queues_csv(tmp_path / "queues.csv")
     _assert_pngs(
         plots.plot_congestion(tmp_path / "c", deliveries, queues),
@@ -332,12 +233,12 @@ def test_plots_write_png_files_from_synthetic_data(tmp_path: Path) -> None:
                  ["congestion_received.png", "congestion_latency.png"])  # fmt: skip
     resources = _resources_csv(tmp_path / "resources.csv")
     _assert_pngs(plots.plot_resources(tmp_path / "r", resources, deliveries), ["resources.png"])
-    fairness = _deliveries_csv(tmp_path / "fairness.csv", _fairness_rows())
+    fairness = _deliveries_csv(tmp_path / "fairness.csv", fairness_rows())
     _assert_pngs(plots.plot_fairness(tmp_path / "f", fairness), ["fairness.png"])
 
 
 def test_congestion_received_is_a_share_of_what_was_sent(tmp_path: Path) -> None:
-    deliveries = _deliveries_csv(tmp_path / "deliveries.csv", _congestion_rows())
+    deliveries = _deliveries_csv(tmp_path / "deliveries.csv", congestion_rows())
     sent = {v: {"mx1": 20, "mx2": 20, "mx3": 100} for v in ("mailsluice", "postfix")}
     [received, *_] = plots.plot_congestion(tmp_path, deliveries, None, sent=sent,
                                            mx_roles={"mx3": "tarpit"})  # fmt: skip
@@ -346,7 +247,7 @@ def test_congestion_received_is_a_share_of_what_was_sent(tmp_path: Path) -> None
 
 
 def test_fairness_plot_lays_repeats_out_in_rows(tmp_path: Path) -> None:
-    rows = _fairness_rows()
+    rows = fairness_rows()
     again = [Delivery(f"{r.variant}#2", r.scenario, r.tenant, r.mx, r.message_id + "b",
                       r.sent_at, r.received_at + 1, r.latency_s + 1) for r in rows]  # fmt: skip
     one = plots.plot_fairness(tmp_path / "one", _deliveries_csv(tmp_path / "1.csv", rows))
@@ -371,7 +272,7 @@ def test_resource_plot_draws_private_memory_when_the_column_is_there(tmp_path: P
     samples = stats.read_resources(richer)
     assert {s.private_kib for s in samples} == {1000.0}
     assert {s.private_kib for s in stats.read_resources(plain)} == {None}
-    deliveries = _deliveries_csv(tmp_path / "d.csv", _fairness_rows())
+    deliveries = _deliveries_csv(tmp_path / "d.csv", fairness_rows())
     [png] = plots.plot_resources(tmp_path / "out", richer, deliveries)
     assert png.read_bytes().startswith(PNG_MAGIC)
 
@@ -382,54 +283,3 @@ def test_plots_of_an_empty_run_write_nothing(tmp_path: Path) -> None:
     assert plots.plot_fairness(tmp_path, empty) == []
     assert plots.plot_resources(tmp_path, tmp_path / "absent.csv", empty) == []
     assert not list(tmp_path.glob("*.png"))
-
-
-# --- progress ----------------------------------------------------------------------------------
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> _Clock:
-    return _Clock()
-
-
-def test_progress_on_a_non_tty_prints_a_plain_line_at_most_every_5_s(clock: _Clock) -> None:
-    out = io.StringIO()
-    progress = Progress({"mx1": 100, "mx2": 50}, stream=out, clock=clock)
-    clock.now += 1
-    progress.update({"mx1": 10, "mx2": 5})  # first update: shown
-    for step in range(1, 5):
-        clock.now += 1
-        progress.update({"mx1": 10 + 10 * step, "mx2": 5})  # within 5 s: silent
-    assert out.getvalue().count("\n") == 1
-    clock.now += 1
-    progress.update({"mx1": 60, "mx2": 50})
-    progress.close()
-    progress.update({"mx1": 100, "mx2": 50})  # after close: ignored
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 3
-    assert lines[0].startswith("progress after 1 s: mx1 10/100 (10%)")
-    assert "mx1 60/100 (60%) 10.0 msg/s; mx2 50/50 (100%)" in lines[1]
-    assert lines[2].startswith("done after 6 s: mx1 60/100 (60%) 10.0 msg/s")
-    assert "\x1b" not in out.getvalue()
-    assert "\r" not in out.getvalue()
-
-
-def test_progress_on_a_tty_redraws_in_place(clock: _Clock) -> None:
-    out = io.StringIO()
-    with Progress({"mx1": 10}, stream=out, interactive=True, clock=clock) as progress:
-        clock.now += 1
-        progress.update({"mx1": 5})
-        clock.now += 1
-        progress.update({"mx1": 10})
-    text = out.getvalue()
-    assert text.count("\x1b[2F") == 2  # two lines (mx1 and "all") moved over twice
-    assert "[" + "#" * 14 + "." * 14 + "]  50%" in text
-    assert "[" + "#" * 28 + "] 100%" in text

@@ -1,7 +1,8 @@
-"""Self-tests of the test harness: the ledger oracle, LedgerMX (aiosmtpd) and the raw client.
+"""The shared peers as a well-behaved pair: the ledger oracle, the MX as a sink, the raw client.
 
-No proxy is involved: clients talk to the test MX directly, so a failure here is a harness bug.
-The scripted (fault-injecting) MX has its own file, ``test_support_scripted_mx.py``.
+No proxy is involved: clients (smtplib, a reference client, and the lab's raw client) talk
+to the lab's MX directly, so a failure here is a bug of the peers. The MX's fault plans and
+modes have their own files (``test_peers_mx_faults.py``, ``test_peers_mx_modes.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import smtplib
 import ssl
 
 import pytest
-import trustme
-from tests.support import certs
-from tests.support.client import RawSMTPClient, data_block
-from tests.support.ledger import ClientResult, Ledger, make_message, new_token
-from tests.support.ledger_mx import LedgerMX
-from tests.support.scripted_mx import ScriptedMX
+
+from mailsluice_lab.peers.client import RawSMTPClient, data_block
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import ClientResult, Ledger, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def test_data_block_stuffs_and_terminates() -> None:
     assert data_block(b".\r\nx\r\n.y\r\n") == b"..\r\nx\r\n..y\r\n.\r\n"
 
 
-# -- LedgerMX with smtplib ------------------------------------------------------------------
+# -- the MX with smtplib ------------------------------------------------------------------
 def _smtplib_send(
     port: int, content: bytes, *, rcpts: list[str], tls: ssl.SSLContext | None
 ) -> tuple[int, bytes, dict[str, tuple[int, bytes]], set[str]]:
@@ -125,12 +125,12 @@ def _smtplib_send(
 
 
 @pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "starttls"])
-async def test_ledger_mx_stores_exact_bytes(
+async def test_mx_stores_exact_bytes(
     use_tls: bool, server_ssl_context: ssl.SSLContext, client_ssl_context: ssl.SSLContext
 ) -> None:
     token = new_token()
     content = make_message(token, body=TRICKY_BODY)
-    async with LedgerMX(tls=server_ssl_context) as mx:
+    async with ScriptedMX(tls=server_ssl_context) as mx:
         code, text, refused, features = await asyncio.to_thread(
             _smtplib_send,
             mx.port,
@@ -149,13 +149,13 @@ async def test_ledger_mx_stores_exact_bytes(
         ("rcpt@mx.test",),
         use_tls,
     )
-    assert mx.connections[0].tls is use_tls
+    assert mx.sessions[0].tls is use_tls
     mx.ledger.assert_no_loss([ClientResult(token, code, f"{code} {text.decode()}")])
 
 
-async def test_ledger_mx_rejects_and_defers_by_pattern() -> None:
+async def test_mx_rejects_and_defers_by_pattern() -> None:
     token = new_token()
-    async with LedgerMX(reject_rcpt=r"^bad@", defer_rcpt=r"^later@") as mx:
+    async with ScriptedMX(reject_rcpt=r"^bad@", defer_rcpt=r"^later@") as mx:
         code, _, refused, _ = await asyncio.to_thread(
             _smtplib_send,
             mx.port,
@@ -169,10 +169,10 @@ async def test_ledger_mx_rejects_and_defers_by_pattern() -> None:
     assert stored.rcpt_tos == ("good@mx.test",)
 
 
-async def test_ledger_mx_non_2xx_data_reply_stores_nothing() -> None:
+async def test_mx_non_2xx_data_reply_stores_nothing() -> None:
     token = new_token()
     async with (
-        LedgerMX(data_reply="451 4.3.0 try later") as mx,
+        ScriptedMX(faults=[Fault(Phase.DOT, Action.REPLY_4XX, b"451 4.3.0 try later\r\n")]) as mx,
         await RawSMTPClient.connect(mx.host, mx.port) as client,
     ):
         await client.read_reply()
@@ -183,12 +183,12 @@ async def test_ledger_mx_non_2xx_data_reply_stores_nothing() -> None:
     mx.ledger.assert_no_loss([ClientResult(token, replies[-1].code)])
 
 
-# -- LedgerMX with the raw client ------------------------------------------------------------
-async def test_ledger_mx_with_raw_client_pipelining_and_transcript() -> None:
+# -- the MX with the raw client ------------------------------------------------------------
+async def test_mx_with_raw_client_pipelining_and_transcript() -> None:
     token = new_token()
     content = make_message(token, body=b"bare\nLF inside a line\r\n")
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         await RawSMTPClient.connect(mx.host, mx.port) as client,
     ):
         greeting = await client.read_reply()
@@ -207,17 +207,17 @@ async def test_ledger_mx_with_raw_client_pipelining_and_transcript() -> None:
     assert bye is not None
     assert bye.code == 221
     [stored] = mx.ledger.messages
-    assert stored.data == content  # aiosmtpd keeps a bare LF inside a line as is
-    assert data_block(content) in bytes(mx.connections[0].received)
+    assert stored.data == content  # a bare LF inside a line is kept as is
+    assert data_block(content) in bytes(mx.sessions[0].received)
     mx.ledger.assert_no_loss([ClientResult(token, final.code, final.as_text())])
 
 
-async def test_raw_client_starttls_against_ledger_mx(
+async def test_raw_client_starttls_against_the_mx(
     server_ssl_context: ssl.SSLContext, client_ssl_context: ssl.SSLContext
 ) -> None:
     token = new_token()
     async with (
-        LedgerMX(tls=server_ssl_context) as mx,
+        ScriptedMX(tls=server_ssl_context) as mx,
         await RawSMTPClient.connect(mx.host, mx.port) as client,
     ):
         await client.read_reply()
@@ -230,38 +230,3 @@ async def test_raw_client_starttls_against_ledger_mx(
     [stored] = mx.ledger.messages
     assert stored.tls
     assert stored.reply == replies[-1].as_text()
-
-
-# -- the test PKI ------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("variant", "verify_error"),
-    [
-        ("valid", None),
-        ("expired", "certificate has expired"),
-        ("wrong-name", "Hostname mismatch"),
-        ("self-signed", "self-signed certificate"),
-    ],
-)
-async def test_certificate_variants_fail_verification_as_named(
-    variant: str, verify_error: str | None, tls_ca: trustme.CA
-) -> None:
-    server = {
-        "valid": lambda: certs.server_context(tls_ca.issue_cert(*certs.MX_IDENTITIES)),
-        "expired": lambda: certs.server_context(certs.expired_leaf(tls_ca)),
-        "wrong-name": lambda: certs.server_context(certs.wrong_name_leaf(tls_ca)),
-        "self-signed": certs.self_signed_server_context,
-    }[variant]()
-    async with ScriptedMX(tls=server) as mx:
-        for client_ctx, expect in (
-            (certs.client_context(tls_ca), verify_error),
-            (certs.insecure_client_context(), None),  # opportunistic: anything goes
-        ):
-            async with await RawSMTPClient.connect(mx.host, mx.port) as client:
-                await client.read_reply()
-                await client.ehlo()
-                if expect is None:
-                    await client.starttls(client_ctx)
-                    assert client.conn.tls
-                else:
-                    with pytest.raises(ssl.SSLCertVerificationError, match=expect):
-                        await client.starttls(client_ctx)

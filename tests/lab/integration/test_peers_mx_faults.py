@@ -13,14 +13,15 @@ import ssl
 from dataclasses import dataclass, field
 
 import pytest
-from tests.support.client import (
+
+from mailsluice_lab.peers.client import (
     ConnectionClosed,
     MalformedReply,
     RawSMTPClient,
     Reply,
     data_block,
 )
-from tests.support.faults import (
+from mailsluice_lab.peers.faults import (
     EXTRA_REPLY,
     MATRIX_ACTIONS,
     MATRIX_PHASES,
@@ -29,8 +30,8 @@ from tests.support.faults import (
     Fault,
     Phase,
 )
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.scripted_mx import ScriptedMX
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 

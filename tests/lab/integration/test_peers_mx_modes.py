@@ -9,11 +9,11 @@ import asyncio
 import ssl
 
 import pytest
-from tests.support.client import RawSMTPClient, StartTLSInjection, data_block
-from tests.support.faults import EXTRA_REPLY, Action, Fault, Phase
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.scripted_body import SMUGGLING_SEQUENCES, STRICT_END
-from tests.support.scripted_mx import ScriptedMX
+
+from mailsluice_lab.peers.client import RawSMTPClient, StartTLSInjection, data_block
+from mailsluice_lab.peers.faults import EXTRA_REPLY, Action, Fault, Phase
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import SMUGGLING_SEQUENCES, STRICT_END, ScriptedMX
 
 pytestmark = pytest.mark.integration
 

@@ -1,29 +1,22 @@
-"""``mailsluice bench congestion``: a tiny run end to end, and its MX servers and simulated MSA.
+"""``mailsluice bench congestion``: a tiny run end to end, through mailsluice and Postfix.
 
-The end-to-end tests need root (network namespaces, iptables) and, for the Postfix
-variant, Postfix; they skip otherwise. The loopback tests run the MX kinds and the
-simulated MSA in-process on 127.0.0.1.
+The tests need root (network namespaces, iptables) and, for the Postfix variant, Postfix;
+they skip otherwise. The scenario's MX kinds and its simulated MSA are tested on loopback
+in ``tests/lab/integration`` (``test_peers_mx_pacing_and_limits.py``,
+``test_bench_simulated_msa.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from mailsluice.benchmark.scenarios import postfix, topology
-from mailsluice.benchmark.scenarios.congestion import main
-from mailsluice.benchmark.scenarios.msa import Envelope, SimMSA
-from mailsluice.benchmark.scenarios.mx import Mx, MxSpec, Recorder
-from mailsluice.benchmark.scenarios.runner import read_received
-from mailsluice.benchmark.scenarios.smtpclient import SmtpConnection, SmtpReplyError
-from mailsluice.benchmark.scenarios.tenant import make_message
+from mailsluice_lab.bench.scenarios import postfix, topology
+from mailsluice_lab.bench.scenarios.congestion import main
 
 TINY = ["--rounds", "2", "--interval", "2", "--messages", "2", "--ratio", "10",
         "--tarpit-delay", "0.02", "--deadline", "30"]  # fmt: skip
@@ -103,89 +96,3 @@ def test_tiny_congestion_with_simulated_msas(tmp_path: Path) -> None:
     _check_outputs(out, ["mailsluice"])
     assert not (out / "queues.csv").exists()
     assert _own_namespaces() == []
-
-
-# -- the MX kinds and the simulated MSA on loopback ------------------------------------------------
-
-
-@asynccontextmanager
-async def _mx(spec: MxSpec, tmp_path: Path) -> AsyncIterator[tuple[Mx, int]]:
-    recorder = Recorder(spec.name, tmp_path / f"deliveries-{spec.name}.csv")
-    mx = Mx(spec, recorder)
-    server = await asyncio.start_server(mx.session, "127.0.0.1", 0)
-    try:
-        yield mx, server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        await server.wait_closed()
-        recorder.close()
-
-
-@pytest.mark.integration
-async def test_limited_mx_refuses_connections_over_the_per_client_limit(tmp_path: Path) -> None:
-    async with _mx(MxSpec("mx1", "127.0.0.1", kind="limited", limit=2), tmp_path) as (mx, port):
-        held = [await SmtpConnection.open("127.0.0.1", port, helo="t") for _ in range(2)]
-        with pytest.raises(SmtpReplyError) as refused:
-            await SmtpConnection.open("127.0.0.1", port, helo="t")
-        assert refused.value.code == 421
-        assert "4.7.0" in refused.value.text
-        assert mx.refused == 1
-        assert mx.stats()["peak_connections_per_client"] == {"127.0.0.1": 2}
-        assert mx.stats()["connections"] == 2  # the refused one never had a session
-        await held[0].quit()
-        for _ in range(100):  # the MX notices the QUIT and frees the slot
-            if mx.active["127.0.0.1"] < 2:
-                break
-            await asyncio.sleep(0.01)
-        third = await SmtpConnection.open("127.0.0.1", port, helo="t")
-        await third.quit()
-        await held[1].quit()
-
-
-@pytest.mark.integration
-async def test_tarpit_delays_every_reply(tmp_path: Path) -> None:
-    spec = MxSpec("mx3", "127.0.0.1", kind="tarpit", delay=0.05, data_delay=0.1)
-    async with _mx(spec, tmp_path) as (mx, port):
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        conn = await SmtpConnection.open("127.0.0.1", port, helo="t")  # greeting + EHLO
-        message = make_message(1, "mx3", "id1", 5.0, 100)
-        await conn.send("a@t1.msb.test", ["u@mx3.msb.test"], message)
-        elapsed = loop.time() - began
-        await conn.quit()
-        # greeting, EHLO, MAIL, RCPT, DATA, end of data: 6 delays of 0.05 s, plus 0.1 s
-        assert elapsed >= 6 * 0.05 + 0.1
-        mx.recorder.flush()
-    rows = read_received(tmp_path / "deliveries-mx3.csv")
-    assert [(r.mx, r.tenant, r.message_id, r.sent_at) for r in rows] == [("mx3", 1, "id1", 5.0)]
-
-
-@pytest.mark.integration
-async def test_simulated_msa_retries_until_every_message_is_delivered(tmp_path: Path) -> None:
-    spec = MxSpec("mx1", "127.0.0.1", kind="limited", limit=2)
-    async with _mx(spec, tmp_path) as (mx, port):
-        msa = SimMSA(routes={"mx1.msb.test": ("127.0.0.1", port)}, concurrency=5,
-                     retry=(0.05, 0.1), idle_close=0.2, timeout=10)  # fmt: skip
-        for n in range(30):
-            data = make_message(1, "mx1", f"m{n}", 1.0, 200)
-            msa.submit(Envelope(f"m{n}", "a@t1.msb.test", "user@mx1.msb.test", data))
-        stop = asyncio.Event()
-        async with asyncio.timeout(20), asyncio.TaskGroup() as group:
-            group.create_task(msa.run(stop))
-            while msa.delivered < 30:
-                await asyncio.sleep(0.02)
-            stop.set()
-        mx.recorder.flush()
-        assert mx.refused > 0  # five workers against a limit of two: some were told 421
-        assert msa.stats().deferred_attempts >= mx.refused
-    received = read_received(tmp_path / "deliveries-mx1.csv")
-    assert sorted(r.message_id for r in received) == sorted(f"m{n}" for n in range(30))
-    assert msa.stats().queued == 0
-    assert msa.stats().bounced == 0
-
-
-@pytest.mark.integration
-async def test_simulated_msa_bounces_on_5xx_and_refuses_unknown_domains() -> None:
-    msa = SimMSA(routes={"mx1.msb.test": ("127.0.0.1", 9)})
-    with pytest.raises(ValueError, match="no route"):
-        msa.submit(Envelope("x", "a@b", "user@elsewhere.test", b"x"))

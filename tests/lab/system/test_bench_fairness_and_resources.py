@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from mailsluice.benchmark.scenarios import cli, fairness, postfix, resources, suite, topology
-from mailsluice.benchmark.scenarios.postfix import PostfixInstance, PostfixSpec
-from mailsluice.benchmark.scenarios.procstat import TreeSampler, update_parents
-from mailsluice.benchmark.scenarios.runner import VariantRun
-from mailsluice.netns import Namespace
+from mailsluice_lab.bench.scenarios import driver, fairness, postfix, resources, suite, topology
+from mailsluice_lab.bench.scenarios.postfix import PostfixInstance, PostfixSpec
+from mailsluice_lab.bench.scenarios.procstat import TreeSampler, update_parents
+from mailsluice_lab.bench.scenarios.runner import VariantRun
+from mailsluice_lab.netns.plumbing import Namespace
 
 
 def _require_root_and_postfix() -> None:
@@ -173,9 +173,11 @@ def test_parked_mail_is_found_by_its_future_time_stamp_and_noted(tmp_path: Path)
         os.utime(incoming / name, (when, when))
     assert instance.parked() == 2  # A1 and C3; B2 is being written or waits for the qmgr
     flushed = {"parked_and_flushed": [{"t": 12.3, "instance": "relay", "messages": 2}]}
-    [note] = cli.parked_note({"postfix": _run("postfix", info=flushed), "direct": _run("direct")})
+    [note] = driver.parked_note(
+        {"postfix": _run("postfix", info=flushed), "direct": _run("direct")}
+    )
     assert "parked 2 message(s) (postfix: relay at 12 s)" in note
-    assert cli.parked_note({"direct": _run("direct")}) == []
+    assert driver.parked_note({"direct": _run("direct")}) == []
 
 
 def _run(variant: str, **fields: Any) -> VariantRun:

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests.lab.bench_rows import variant_run
 
-from mailsluice.benchmark.scenarios import cli
-from mailsluice.benchmark.scenarios.cli import (
+from mailsluice_lab.bench.scenarios import driver
+from mailsluice_lab.bench.scenarios.driver import (
     delivery_rows,
     exit_status,
     labelled,
-    msa_peaks,
-    write_queues,
 )
-from mailsluice.benchmark.scenarios.fairness import from_release, spread, spreads, t0
-from mailsluice.benchmark.scenarios.fairness import parse_args as fairness_args
-from mailsluice.benchmark.scenarios.measures import (
+from mailsluice_lab.bench.scenarios.fairness import from_release, spread, spreads, t0
+from mailsluice_lab.bench.scenarios.fairness import parse_args as fairness_args
+from mailsluice_lab.bench.scenarios.measures import (
     Received,
     Submitted,
     first_arrivals,
@@ -26,16 +24,9 @@ from mailsluice.benchmark.scenarios.measures import (
     ratio,
     variant_figures,
 )
-from mailsluice.benchmark.scenarios.mx import (
-    Mx,
-    MxSpec,
-    Recorder,
-    bench_headers,
-    specs_from_json,
-    specs_to_json,
-)
-from mailsluice.benchmark.scenarios.postfix import HOLD_ALL, PostfixSpec, main_cf
-from mailsluice.benchmark.scenarios.procstat import (
+from mailsluice_lab.bench.scenarios.msa import Envelope, SimMSA
+from mailsluice_lab.bench.scenarios.postfix import HOLD_ALL, PostfixSpec, main_cf
+from mailsluice_lab.bench.scenarios.procstat import (
     CLK_TCK,
     cpu_percent,
     descendants,
@@ -43,15 +34,10 @@ from mailsluice.benchmark.scenarios.procstat import (
     parse_stat,
     parse_statm,
 )
-from mailsluice.benchmark.scenarios.resources import cpu_seconds, parse_bursts
-from mailsluice.benchmark.scenarios.resources import parse_args as resources_args
-from mailsluice.benchmark.scenarios.runner import (
-    CsvTail,
-    VariantRun,
-    read_received,
-    read_submitted,
-)
-from mailsluice.benchmark.scenarios.schedule import (
+from mailsluice_lab.bench.scenarios.resources import cpu_seconds, parse_bursts
+from mailsluice_lab.bench.scenarios.resources import parse_args as resources_args
+from mailsluice_lab.bench.scenarios.runner import scenario_mx
+from mailsluice_lab.bench.scenarios.schedule import (
     Batch,
     Plan,
     bursts_plan,
@@ -60,11 +46,15 @@ from mailsluice.benchmark.scenarios.schedule import (
     message_ids,
     rounds_plan,
 )
-from mailsluice.benchmark.scenarios.smtpclient import dot_stuff
-from mailsluice.benchmark.scenarios.stats import Delivery, ordered_variants, split_label
-from mailsluice.benchmark.scenarios.tenant import domain_of, make_message
+from mailsluice_lab.bench.scenarios.stats import Delivery, ordered_variants, split_label
+from mailsluice_lab.bench.scenarios.tenant import domain_of, make_message
+from mailsluice_lab.peers.recorders import bench_headers
+from mailsluice_lab.peers.run_mx import MxSpec, specs_from_json, specs_to_json
+from mailsluice_lab.peers.sender import dot_stuff
 
 pytestmark = pytest.mark.unit
+
+POSTFIX_ROOT = Path("/srv/msb-test")  # only written into configurations here
 
 
 # -- the plan --------------------------------------------------------------------------------
@@ -197,50 +187,34 @@ def test_dot_stuffing() -> None:
 
 
 def test_mx_specs_round_trip_and_validation() -> None:
-    specs = [MxSpec("mx1", "10.0.0.1"), MxSpec("mx3", "10.0.0.3", kind="tarpit", delay=0.5)]
+    specs = [
+        MxSpec("mx1", "10.0.0.1"),
+        MxSpec("mx3", "10.0.0.3", reply_delay=0.5, reject=("a@b",), record="maildir"),
+        scenario_mx("mx2", connection_limit=10),
+    ]
     assert specs_from_json(specs_to_json(specs)) == specs
-    with pytest.raises(ValueError, match="kind"):
-        MxSpec("mx9", "10.0.0.9", kind="blackhole")
+    assert [spec.kind for spec in specs] == ["sink", "tarpit", "limited"]
+    assert specs[2].hostname == "mx2.msb.test"
+    with pytest.raises(ValueError, match="record"):
+        MxSpec("mx9", "10.0.0.9", record="blackhole")
     with pytest.raises(ValueError, match="negative"):
-        MxSpec("mx9", "10.0.0.9", kind="tarpit", delay=-1)
+        MxSpec("mx9", "10.0.0.9", reply_delay=-1)
 
 
-def test_postfix_main_cf_routes_by_transport_or_relayhost(tmp_path: Path) -> None:
-    msa = main_cf(PostfixSpec(name="t1", root=tmp_path, listen="10.253.1.2",
+def test_postfix_main_cf_routes_by_transport_or_relayhost() -> None:
+    msa = main_cf(PostfixSpec(name="t1", root=POSTFIX_ROOT, listen="10.253.1.2",
                               mynetworks="10.253.0.0/16",
                               transport={"mx1.msb.test": "smtp:[10.253.200.11]:25"}))  # fmt: skip
-    assert f"transport_maps = texthash:{tmp_path}/etc/transport\n" in msa
+    assert f"transport_maps = texthash:{POSTFIX_ROOT}/etc/transport\n" in msa
     assert "relayhost" not in msa
     assert "inet_interfaces = 10.253.1.2\n" in msa
-    assert f"queue_directory = {tmp_path}/spool\n" in msa
-    relay = main_cf(PostfixSpec(name="relay", root=tmp_path, listen="all", mynetworks="x",
+    assert f"queue_directory = {POSTFIX_ROOT}/spool\n" in msa
+    relay = main_cf(PostfixSpec(name="relay", root=POSTFIX_ROOT, listen="all", mynetworks="x",
                                 relayhost="[10.253.1.1]:25",
                                 settings={"qmgr_message_active_limit": "200"}))  # fmt: skip
     assert "relayhost = [10.253.1.1]:25\n" in relay
     assert "qmgr_message_active_limit = 200\n" in relay
     assert "transport_maps" not in relay
-
-
-def test_csv_tail_returns_only_complete_new_lines(tmp_path: Path) -> None:
-    path = tmp_path / "d.csv"
-    tail = CsvTail(path)
-    assert tail.new_rows() == []  # no file yet
-    path.write_text("mx,tenant,message_id,sent_at,received_at\nmx1,1,a,1.0,2.0\nmx1,1,b,1.")
-    assert tail.new_rows() == [["mx1", "1", "a", "1.0", "2.0"]]
-    with path.open("a") as handle:
-        handle.write("5,3.0\n")
-    assert tail.new_rows() == [["mx1", "1", "b", "1.5", "3.0"]]
-    assert tail.new_rows() == []
-    assert [r.message_id for r in read_received(path)] == ["a", "b"]
-
-
-def test_read_submitted_counts_refusals(tmp_path: Path) -> None:
-    path = tmp_path / "s.csv"
-    path.write_text("tenant,mx,message_id,sent_at,status\n1,mx1,a,1.0,ok\n"
-                    "1,mx1,b,1.1,error: DATA: 451 try later\n")  # fmt: skip
-    accepted, refused = read_submitted(path)
-    assert [s.message_id for s in accepted] == ["a"]
-    assert refused == 1
 
 
 # -- the fairness and resources loads -----------------------------------------------------------
@@ -303,13 +277,18 @@ def test_fairness_clock_starts_at_the_release() -> None:
     assert [(d.message_id, d.sent_at, d.latency_s) for d in moved] == [
         ("a", 100.0, 3.0), ("b", 101.0, 3.0)
     ]  # fmt: skip
-    assert t0(_run("postfix", released_at=100.0)) == 100.0
-    assert t0(_run("postfix")) == 100.0  # not held: the first batch (started_at)
-    assert t0(_run("postfix", started_at=50.0)) == 50.0
+    assert t0(variant_run("postfix", released_at=100.0)) == 100.0
+    assert t0(variant_run("postfix")) == 100.0  # not held: the first batch (started_at)
+    assert t0(variant_run("postfix", started_at=50.0)) == 50.0
 
 
 def test_run_labels_and_split_label() -> None:
-    runs = [_run("mailsluice"), _run("postfix"), _run("mailsluice"), _run("mailsluice")]
+    runs = [
+        variant_run("mailsluice"),
+        variant_run("postfix"),
+        variant_run("mailsluice"),
+        variant_run("mailsluice"),
+    ]
     assert list(labelled(runs)) == ["mailsluice", "postfix", "mailsluice#2", "mailsluice#3"]
     assert split_label("postfix#2") == ("postfix", 2)
     assert split_label("postfix") == ("postfix", 1)
@@ -319,52 +298,34 @@ def test_run_labels_and_split_label() -> None:
     ]  # fmt: skip
 
 
-def _run(variant: str, **fields: object) -> VariantRun:
-    values: dict[str, Any] = {"status": "ok", "note": "", "started_at": 100.0,
-                              "injection_s": 0.0, "wall_s": 1.0, **fields}  # fmt: skip
-    return VariantRun(variant=variant, **values)
-
-
 def test_delivery_rows_keep_first_arrivals_and_exit_status() -> None:
     received = (Received("mx1", 2, "b", 100.0, 103.0), Received("mx1", 1, "a", 100.0, 101.5),
                 Received("mx1", 1, "a", 100.0, 109.0))  # fmt: skip
-    rows = delivery_rows("fairness", "postfix#2", _run("postfix", received=received))
+    rows = delivery_rows("fairness", "postfix#2", variant_run("postfix", received=received))
     assert rows == [
         ("postfix#2", "fairness", 1, "mx1", "a", "100.000000", "101.500000", "1.500000"),
         ("postfix#2", "fairness", 2, "mx1", "b", "100.000000", "103.000000", "3.000000"),
     ]
     assert exit_status(None) == 130
     assert exit_status([]) == 1
-    assert exit_status([_run("postfix"), _run("direct", status="incomplete")]) == 1
-    assert exit_status([_run("postfix")]) == 0
-
-
-def test_write_queues_and_msa_peaks(tmp_path: Path) -> None:
-    msa = (("t1", 0.0, 5, 0, 0), ("t1", 1.0, 2, 2, 7), ("t2", 0.0, 1, 0, 0))
-    run = _run("postfix", queues=((0.0, 1, 2, 3),), msa_queues=msa)
-    path = write_queues(tmp_path, {"postfix": run, "direct": _run("direct")})
-    assert path is not None
-    assert path.read_text().splitlines() == ["variant,t,active,incoming,deferred",
-                                             "postfix,0.0,1,2,3"]  # fmt: skip
-    assert (tmp_path / "msa_queues.csv").read_text().count("\n") == 4
-    assert msa_peaks(run) == {"t1": 11, "t2": 1}
-    assert write_queues(tmp_path / "none", {"direct": _run("direct")}) is None
+    assert exit_status([variant_run("postfix"), variant_run("direct", status="incomplete")]) == 1
+    assert exit_status([variant_run("postfix")]) == 0
 
 
 def test_common_options_resolve_variants_and_refuse_nonsense(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    parser = cli.parser("fairness", "test")
-    args = cli.parse(parser, ["--via", "postfix, direct", "--out", "x"])
+    parser = driver.parser("fairness", "test")
+    args = driver.parse(parser, ["--via", "postfix, direct", "--out", "x"])
     assert isinstance(args, argparse.Namespace)
     assert args.variants == ("postfix", "direct")
     assert args.argv == ["--via", "postfix, direct", "--out", "x"]
-    everything = cli.parse(cli.parser("fairness", "test"), [])
+    everything = driver.parse(driver.parser("fairness", "test"), [])
     assert isinstance(everything, argparse.Namespace)
     assert everything.variants == ("mailsluice", "postfix", "direct")
-    assert cli.parse(cli.parser("fairness", "test"), ["--via", "nginx"]) == 2
+    assert driver.parse(driver.parser("fairness", "test"), ["--via", "nginx"]) == 2
     assert "unknown variant(s) ['nginx']" in capsys.readouterr().err
-    assert cli.parse(cli.parser("fairness", "test"), [], lambda a: "--limit: too small") == 2
+    assert driver.parse(driver.parser("fairness", "test"), [], lambda a: "--limit: too small") == 2
     assert "--limit: too small" in capsys.readouterr().err
 
 
@@ -402,13 +363,13 @@ def test_descendants_follow_the_tree_from_live_roots_only() -> None:
     assert cpu_percent(0, 10, 0.0) == 0.0
 
 
-def test_mx_stats_and_the_msa_hold_setting(tmp_path: Path) -> None:
-    mx = Mx(MxSpec("mx1", "127.0.0.1", kind="limited", limit=2), Recorder("mx1", tmp_path / "d"))
-    mx.peak["10.0.0.1"] = 2
-    mx.refused, mx.connections, mx.queued = 3, 5, 4
-    assert mx.stats() == {"connections": 5, "accepted_messages": 4, "refused_421": 3,
-                          "peak_connections_per_client": {"10.0.0.1": 2}}  # fmt: skip
-    mx.recorder.close()
-    held = main_cf(PostfixSpec(name="t1", root=tmp_path, listen="10.253.1.2", mynetworks="x",
+def test_the_msa_hold_setting() -> None:
+    held = main_cf(PostfixSpec(name="t1", root=POSTFIX_ROOT, listen="10.253.1.2", mynetworks="x",
                                settings=HOLD_ALL))  # fmt: skip
     assert "smtpd_client_restrictions = check_client_access static:HOLD\n" in held
+
+
+def test_simulated_msa_bounces_on_5xx_and_refuses_unknown_domains() -> None:
+    msa = SimMSA(routes={"mx1.msb.test": ("127.0.0.1", 9)})
+    with pytest.raises(ValueError, match="no route"):
+        msa.submit(Envelope("x", "a@b", "user@elsewhere.test", b"x"))
