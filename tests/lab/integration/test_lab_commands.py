@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mailsluice import cli
+from mailsluice.cli import main
 from mailsluice_lab import commands
 from mailsluice_lab.bench.command import BENCHMARKS
 from mailsluice_lab.bench.command import main as bench_main
@@ -69,3 +70,14 @@ def test_the_cli_lists_the_lab_commands_in_its_help() -> None:
     assert done.returncode == 0
     assert "bench" in done.stdout
     assert "demo" in done.stdout
+
+
+def test_demo_and_bench_options_are_passed_through(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--help"])  # the demo's own parser answers
+    assert done.value.code == 0
+    assert "--netns" in capsys.readouterr().out
+    assert main(["bench", "--help"]) == 0
+    assert "usage: mailsluice bench NAME" in capsys.readouterr().out
+    assert main(["bench"]) == 2
+    assert "usage: mailsluice bench" in capsys.readouterr().err
