@@ -16,6 +16,7 @@ import pytest
 from mailsluice_lab.bench.scenarios.runner import read_received
 from mailsluice_lab.bench.scenarios.tenant import make_message
 from mailsluice_lab.peers.client import RawSMTPClient
+from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message as plain_message
 from mailsluice_lab.peers.mx import ScriptedMX
 from mailsluice_lab.peers.recorders import DeliveryRecorder, read_connections, read_maildir
@@ -165,3 +166,12 @@ async def test_the_mx_as_a_process_serves_several_and_keeps_their_records(
     stats = json.loads((tmp_path / STATS_NAME).read_text())
     assert (stats["mx1"]["accepted_messages"], stats["demo"]["accepted_messages"]) == (1, 1)
     assert stats["demo"]["connections"] == 2
+
+
+async def test_the_sender_stops_at_a_421_to_a_recipient() -> None:
+    async with ScriptedMX(faults=[Fault(Phase.RCPT, Action.REPLY_421)]) as mx:
+        result = await send_message(mx.host, mx.port, "a@t", ["r1@mx.test", "r2@mx.test"], b"")
+    assert not result.accepted
+    assert list(result.refused) == ["r1@mx.test"]  # r2 was never asked: the MX hung up
+    assert result.refused["r1@mx.test"][0] == 421
+    assert len(mx.ledger) == 0

@@ -214,6 +214,8 @@ async def send_message(
                 reply = await _step(client, f"RCPT TO:<{rcpt}>", *range(200, 600))
                 if reply.code not in (250, 251):
                     refused[rcpt] = (reply.code, reply.text)
+                if reply.code == 421:  # the server is closing: nothing more to ask
+                    return SendResult(False, refused)
             if len(refused) == len(rcpt_to):
                 await client.quit()
                 return SendResult(False, refused)
