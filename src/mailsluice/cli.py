@@ -1,4 +1,10 @@
-"""The ``mailsluice`` command: serve, check-config, sessions, transcript, demo, bench."""
+"""The ``mailsluice`` command: serve, check-config, sessions, transcript, and the lab's.
+
+Other distributions add subcommands through the ``mailsluice.commands`` entry-point
+group: the lab (``mailsluice-lab``) registers ``bench`` and ``demo``. Such a command is
+a callable ``(argv: list[str]) -> int`` that gets everything after its name; it is only
+loaded when it is run, so the product never imports the lab.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from mailsluice import __version__
@@ -20,6 +28,45 @@ from mailsluice.config import (
 )
 from mailsluice.logplace import DEFAULT_LOG, NoLogPlace, default_log
 from mailsluice.plugins.build import BuildError
+
+# -- subcommands of other distributions (the lab) ---------------------------------------
+
+#: the entry-point group other distributions add subcommands to
+COMMANDS_GROUP = "mailsluice.commands"
+#: the subcommands the lab provides, and what they do (for --help, and to say where they
+#: come from when the lab is not installed)
+LAB_COMMANDS = {
+    "bench": "benchmarks (mailsluice bench relay --help); part of the lab",
+    "demo": "relay mail to a local MX and show the log; part of the lab",
+}
+LAB_MISSING = (
+    "mailsluice {name}: this command is part of mailsluice's lab (the distribution "
+    "mailsluice-lab), which is not installed. From a source checkout: scripts/bootstrap "
+    "installs it, or: .venv/bin/pip install -e lab"
+)
+#: the commands of the product itself: never looked up among the entry points
+BUILT_IN_COMMANDS = frozenset({"serve", "check-config", "sessions", "transcript"})
+Command = Callable[[list[str]], int]
+
+
+def extra_commands() -> dict[str, EntryPoint]:
+    """The subcommands registered in the ``mailsluice.commands`` group, by name (not loaded)."""
+    return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
+
+
+def _run_extra(name: str, argv: list[str]) -> int | None:
+    """Run the registered command ``name``; None when there is none by that name."""
+    found = extra_commands().get(name)
+    if found is None:
+        if name in LAB_COMMANDS:
+            print(LAB_MISSING.format(name=name), file=sys.stderr)
+            return 2
+        return None
+    command: Command = found.load()
+    return command(argv)
+
+
+# -- the parser ----------------------------------------------------------------------------------
 
 
 def _common_log_options(parser: argparse.ArgumentParser) -> None:
@@ -131,10 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common_log_options(transcript)
     transcript.add_argument("id", help="session id (a unique prefix is enough)")
 
-    demo = sub.add_parser("demo", help="relay mail to a local MX and show the log")
-    demo.add_argument("args", nargs=argparse.REMAINDER)
-    bench = sub.add_parser("bench", help="benchmarks (mailsluice bench relay --help)")
-    bench.add_argument("args", nargs=argparse.REMAINDER)
+    for name in sorted(set(extra_commands()) | set(LAB_COMMANDS)):
+        if name not in sub.choices:
+            what = LAB_COMMANDS.get(name, "a command of another distribution")
+            extra = sub.add_parser(name, help=what, add_help=False)
+            extra.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -184,14 +232,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["demo"]:  # these take their own options, passed through untouched
-        from mailsluice.demo import main as demo_main
-
-        return demo_main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from mailsluice.benchmark import main as bench_main
-
-        return bench_main(argv[1:])
+    if argv and argv[0] not in BUILT_IN_COMMANDS and not argv[0].startswith("-"):
+        # another distribution's command (the lab's bench, demo): it takes its own
+        # options, passed through untouched
+        status = _run_extra(argv[0], argv[1:])
+        if status is not None:
+            return status
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)

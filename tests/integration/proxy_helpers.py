@@ -1,8 +1,9 @@
 """Helpers shared by the proxy integration tests (``test_proxy_*.py``).
 
-The proxy runs in-process (``proxy_factory`` in ``conftest.py``) in front of a test MX
-(``LedgerMX`` or ``ScriptedMX``); clients are ``RawSMTPClient`` (exact bytes), ``smtplib`` (in
-a thread, since it blocks) or real tools in subprocesses.  The session log is the SQLite file
+The proxy runs in-process (``proxy_factory`` in ``conftest.py``) in front of the lab's MX
+(``mailsluice_lab.peers.mx.ScriptedMX``); clients are the lab's ``RawSMTPClient`` (exact
+bytes), ``smtplib`` (a reference client, in a thread, since it blocks) or real tools in
+subprocesses.  The session log is the SQLite file
 ``proxy_factory`` puts in ``tmp_path``; read it only after the proxy has been closed (the
 writer flushes on close).
 """
@@ -18,10 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.client import ConnectionClosed, MalformedReply, RawSMTPClient, Reply
-
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions, transcript
+from mailsluice_lab.peers.client import ConnectionClosed, MalformedReply, RawSMTPClient, Reply
 
 #: Short timeouts so every stall resolves well under 2 s (seconds, ``timeouts=`` override).
 FAST_TIMEOUTS: dict[str, float] = {

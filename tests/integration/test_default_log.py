@@ -30,7 +30,7 @@ from mailsluice.logplace import (
     default_log,
     fallback_dirs,
 )
-from mailsluice.netns import python_for_user
+from mailsluice_lab.netns.processes import python_for_user
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from tests.integration.proxy_helpers import connect, greet
-from tests.support.ledger_mx import LedgerMX
 from tests.support.milters import (
     GTUBE_REJECT,
     RunningMilter,
@@ -26,6 +25,7 @@ from tests.support.milters import (
 )
 
 from mailsluice.plugins.settings import FilteringSettings, FilterSpec
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def rspamd() -> Iterator[RunningMilter]:
 async def test_opendkim_signature_verifies_at_the_mx(proxy_factory: Any, opendkim: Any) -> None:
     dkim = pytest.importorskip("dkim", reason="dkimpy is not installed (pip install dkimpy)")
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address, settings=milter(opendkim.url)) as proxy,
         await connect(proxy) as client,
     ):
@@ -86,7 +86,7 @@ async def test_opendkim_signature_verifies_at_the_mx(proxy_factory: Any, opendki
 async def test_rspamd_refuses_gtube_and_relays_the_next(proxy_factory: Any, rspamd: Any) -> None:
     spam = MESSAGE.replace(b"Hi Bob,", GTUBE_REJECT.encode())
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address, settings=milter(rspamd.url)) as proxy,
         await connect(proxy) as client,
     ):

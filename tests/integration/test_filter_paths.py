@@ -2,7 +2,7 @@
 
 A client (``RawSMTPClient``) talks to mailsluice with filters configured as an operator
 would (``[[filters]]`` entries; test filters loaded by ``use = "module:attr"``); behind it
-an aiosmtpd MX (``LedgerMX``) records what arrives. The rule checked everywhere: the
+the lab's MX (``ScriptedMX``) records what arrives. The rule checked everywhere: the
 client's 2xx to end-of-data is the MX's, and a filter can only ever cause a 4xx or 5xx.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from tests.integration.proxy_helpers import connect, greet, sessions, transcript_of
-from tests.support.ledger import make_message, new_token
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.filtering.message import split_header
 from mailsluice.plugins.settings import FilteringSettings, FilterSpec
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ async def send(proxy: Any, content: bytes, rcpt: str = "r@mx.test") -> list[Any]
 async def test_accept_relays_the_message_byte_for_byte(proxy_factory) -> None:
     content = make_message(new_token(), body=b".dot line\r\n..two\r\nplain\r\n")
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address, settings=filters(scripted("accept"))) as p,
     ):
         replies = await send(p, content)
@@ -56,7 +56,7 @@ async def test_accept_relays_the_message_byte_for_byte(proxy_factory) -> None:
 async def test_trace_header_added_on_top_body_untouched(proxy_factory, tmp_path) -> None:
     content = make_message(new_token(), body=b"body line\r\n.dotted\r\n")
     spec = FilterSpec(type="trace-header")
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=filters(spec)) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=filters(spec)) as proxy:
         replies = await send(proxy, content)
     assert replies[-1].code == 250
     [stored] = mx.ledger.messages
@@ -75,7 +75,7 @@ async def test_reject_then_a_second_transaction_on_the_same_connection(proxy_fac
         options={"rules": [{"recipient": "spam@*", "action": "reject"}]},
     )
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address, settings=filters(policy)) as proxy,
         await connect(proxy) as client,
     ):
@@ -87,21 +87,21 @@ async def test_reject_then_a_second_transaction_on_the_same_connection(proxy_fac
     assert second[-1].code == 250
     [stored] = mx.ledger.messages
     assert stored.rcpt_tos == ("ok@mx.test",)
-    received = b"".join(c.received for c in mx.connections)
+    received = b"".join(c.received for c in mx.sessions)
     assert b"RSET\r\n" in received
     assert received.count(b"DATA\r\n") == 1
 
 
 async def test_replace_is_canonicalised(proxy_factory) -> None:
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address, settings=filters(scripted("replace"))) as proxy,
     ):
         replies = await send(proxy, make_message(new_token()))
     assert replies[-1].code == 250
     [stored] = mx.ledger.messages
     assert stored.data == b"Subject: replaced\r\n\r\n.a line with a dot\r\nbare LF body\r\n"
-    received = b"".join(c.received for c in mx.connections)
+    received = b"".join(c.received for c in mx.sessions)
     assert b"\r\n..a line with a dot\r\n" in received  # dot-stuffed on the wire
 
 
@@ -119,20 +119,20 @@ async def test_failures_and_2xx_rejects_become_4xx(
     proxy_factory, verdict: str, options: dict[str, Any], expected: tuple[int, str]
 ) -> None:
     settings = filters(scripted(verdict, **options), timeout=0.5)
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
         replies = await send(proxy, make_message(new_token()))
     assert (replies[-1].code, replies[-1].text.split(" ")[0]) == expected
     assert not mx.ledger.messages
-    received = b"".join(c.received for c in mx.connections)
+    received = b"".join(c.received for c in mx.sessions)
     assert b"DATA\r\n" not in received
 
 
 async def test_slow_filter_keeps_the_mx_alive_with_noop(proxy_factory, tmp_path) -> None:
     settings = filters(scripted("accept", delay=1.2), keepalive=0.3, timeout=5)
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
         replies = await send(proxy, make_message(new_token()))
     assert replies[-1].code == 250
-    received = b"".join(c.received for c in mx.connections)
+    received = b"".join(c.received for c in mx.sessions)
     assert received.count(b"NOOP\r\n") >= 2
     [session] = sessions(tmp_path)
     lines = [line["text"] for line in transcript_of(tmp_path, session["id"])]
@@ -144,7 +144,7 @@ async def test_ten_megabytes_through_the_spool(proxy_factory) -> None:
     content = make_message(new_token(), body=line * (10 * 1024 * 1024 // len(line) + 1))
     settings = filters(FilterSpec(type="trace-header"), memory_limit=256 * 1024)
     async with (
-        LedgerMX(transcript=False) as mx,
+        ScriptedMX(transcript=False) as mx,
         proxy_factory(mx.address, message_size_limit=16 * 1024 * 1024, settings=settings) as p,
     ):
         replies = await send(p, content)
@@ -157,7 +157,7 @@ async def test_ten_megabytes_through_the_spool(proxy_factory) -> None:
 
 async def test_mx_refusing_all_recipients_gets_554_without_filtering(proxy_factory) -> None:
     async with (
-        LedgerMX(reject_rcpt="nobody") as mx,
+        ScriptedMX(reject_rcpt="nobody") as mx,
         proxy_factory(mx.address, settings=filters(scripted("reject"))) as proxy,
         await connect(proxy) as client,
     ):
@@ -176,8 +176,8 @@ async def test_the_whole_chain_has_a_budget(proxy_factory, monkeypatch) -> None:
         scripted("accept", delay=0.4, name="second"),
         timeout=1.0,
     )
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
         replies = await send(proxy, make_message(new_token()))
     assert (replies[-1].code, replies[-1].text.split(" ")[0]) == (451, "4.3.0")
     assert not mx.ledger.messages
-    assert b"DATA\r\n" not in b"".join(c.received for c in mx.connections)
+    assert b"DATA\r\n" not in b"".join(c.received for c in mx.sessions)

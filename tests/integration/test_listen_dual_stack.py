@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.config import HostPort, Settings
 from mailsluice.runtime.listener import listening_sockets
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -81,7 +81,7 @@ def _serve(argv: list[str]) -> subprocess.Popen[bytes]:
 
 @needs_ipv6
 async def test_one_proxy_relays_over_ipv4_and_ipv6(tmp_path: Path) -> None:
-    async with LedgerMX() as mx:
+    async with ScriptedMX() as mx:
         settings = Settings(
             listen=(HostPort("127.0.0.1", 0), HostPort("::1", 0)),
             upstream=HostPort(mx.host, mx.port),
@@ -103,7 +103,7 @@ async def test_one_proxy_relays_over_ipv4_and_ipv6(tmp_path: Path) -> None:
 @pytest.mark.parametrize("form", ["flags", "toml"])
 async def test_serve_listens_on_both_families_on_one_port(tmp_path: Path, form: str) -> None:
     log = tmp_path / "sessions.db"
-    async with LedgerMX() as mx:
+    async with ScriptedMX() as mx:
         port = _port_free_on_both()
         argv = ["--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}"]
         if form == "flags":

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from tests.integration.proxy_helpers import connect, greet, log_url
 from tests.support import mariadb as mariadb_support
-from tests.support.ledger import make_message, new_token
-from tests.support.ledger_mx import LedgerMX
 from tests.support.mariadb import MariaDbServer
 
 from mailsluice.sessionlog.cli_commands import build_filter, print_sessions, print_transcript
 from mailsluice.sessionlog.pipe import URL_VARIABLE
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ async def test_sessions_and_transcripts_from_mariadb_equal_sqlite_s(
     sink = _sink_url(mariadb_server, mariadb_database)
     settings = {"log_sinks": (sink,)}
     async with (
-        LedgerMX(tls=server_ssl_context, reject_rcpt="^nobody@") as mx,
+        ScriptedMX(tls=server_ssl_context, reject_rcpt="^nobody@") as mx,
         proxy_factory(mx.address, settings=settings) as proxy,
     ):
         children = _children_of(os.getpid())

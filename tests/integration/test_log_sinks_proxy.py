@@ -15,11 +15,12 @@ import pytest
 from tests.integration.proxy_helpers import connect, greet, log_url
 from tests.integration.test_log_webhook import serve as webhook_server
 from tests.support import postgres as pg_support
-from tests.support.ledger import make_message, new_token
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.plugins.settings import PluginSpec
 from mailsluice.sessionlog.reader import list_sessions, transcript
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,9 @@ async def test_sinks_and_plugins_see_what_sqlite_sees(
             "plugins": (PluginSpec(use="quota_watch:Watcher", options={"report_every": 1}),),
         }
         async with (
-            LedgerMX(data_reply="554 5.7.1 Rejected as spam") as mx,
+            ScriptedMX(
+                faults=[Fault(Phase.DOT, Action.REPLY_5XX, b"554 5.7.1 Rejected as spam\r\n")]
+            ) as mx,
             proxy_factory(mx.address, settings=settings) as proxy,
         ):
             for rcpt in ("one@mx.test", "two@mx.test"):

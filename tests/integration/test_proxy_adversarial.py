@@ -35,14 +35,13 @@ from tests.integration.proxy_helpers import (
     greet,
     outcome,
 )
-from tests.support.client import ConnectionClosed, MalformedReply, data_block
-from tests.support.faults import Action, Fault, Phase
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.scripted_body import SMUGGLING_SEQUENCES
-from tests.support.scripted_mx import ScriptedMX
 
 from mailsluice.relay.config import BareNewlinePolicy
 from mailsluice.runtime.server import Proxy
+from mailsluice_lab.peers.client import ConnectionClosed, MalformedReply, data_block
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import SMUGGLING_SEQUENCES, ScriptedMX
 
 pytestmark = pytest.mark.integration
 

@@ -28,12 +28,12 @@ from tests.integration.proxy_helpers import (
     transcript_of,
     wait_until,
 )
-from tests.support.client import RawSMTPClient, data_block
-from tests.support.faults import Action, Fault, Phase
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.scripted_mx import ScriptedMX
 
 from mailsluice.relay.config import BareNewlinePolicy
+from mailsluice_lab.peers.client import RawSMTPClient, data_block
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 

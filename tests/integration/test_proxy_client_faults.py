@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 from tests.integration.proxy_helpers import FAST_TIMEOUTS, connect, greet, outcome, sessions
-from tests.support.faults import Action, Fault, Phase
-from tests.support.ledger import make_message, new_token
-from tests.support.scripted_mx import ScriptedMX
+
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 

@@ -32,8 +32,10 @@ from tests.integration.proxy_helpers import (
     transcript_of,
     wait_until,
 )
-from tests.support.client import RawSMTPClient, data_block
-from tests.support.faults import (
+
+from mailsluice.runtime.server import Proxy
+from mailsluice_lab.peers.client import RawSMTPClient, data_block
+from mailsluice_lab.peers.faults import (
     EXTRA_REPLY,
     HALF_CLOSE_PHASES,
     MATRIX_ACTIONS,
@@ -43,10 +45,8 @@ from tests.support.faults import (
     Phase,
     default_bytes,
 )
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.scripted_mx import ScriptedMX
-
-from mailsluice.runtime.server import Proxy
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ with EMFILE does not stop the listener), L3/L4 (global cap ``421 4.3.2``, per-cl
 
 The caps and the accept loop's pause are checked in-process (``proxy_factory``, asyncio);
 L1, L2 and L8 run the real ``mailsluice serve`` in a subprocess (uvloop when installed, as
-in production) in front of a ``LedgerMX`` on the test's loop, or smtp-sink for L1. Every
+in production) in front of a ``ScriptedMX`` on the test's loop, or smtp-sink for L1. Every
 loop is bounded in count and time; figures are printed (``pytest -s``); besides generous
 deadlines only counts, memory and CPU time are asserted.
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 from tests.integration.proxy_helpers import WAIT, connect, greet, outcome, sessions, wait_until
-from tests.support.client import ConnectionClosed, RawSMTPClient, data_block
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.ledger_mx import LedgerMX
-from tests.support.stream import BufferedConnection
 
-from mailsluice.benchmark.procs import child, find_program, free_port, wait_smtp_ready
+from mailsluice_lab.peers.client import ConnectionClosed, RawSMTPClient, data_block
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.peers.stream import BufferedConnection
+from mailsluice_lab.processes import child, find_program, free_port, wait_smtp_ready
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ async def test_caps_answer_421_with_their_codes_and_never_dial(proxy_factory, tm
     """L3, L4: per client 2 (4.7.0, per address), in total 3 (4.3.2); a slot is freed when
     its session ends; refused connections never reach the MX and are logged."""
     caps = {"max_connections": 3, "max_connections_per_client": 2}
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=caps) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=caps) as proxy:
         a1, a2 = await _open(proxy.port), await _open(proxy.port)
         await greet(a1)
         await greet(a2)
@@ -90,7 +90,7 @@ async def test_caps_answer_421_with_their_codes_and_never_dial(proxy_factory, tm
     assert per_client == "421 4.7.0 mailsluice Error: too many connections from 127.0.0.1"
     assert total == "421 4.3.2 mailsluice Error: too many connections, try again later"
     assert after_a3 == after_b2 == "closed"
-    assert len(mx.connections) == 4  # a1, a2, b1, b3: nothing dialled for a3 and b2
+    assert len(mx.sessions) == 4  # a1, a2, b1, b3: nothing dialled for a3 and b2
     refused = [s for s in sessions(tmp_path) if s["final_code"] == 421]
     assert [s["reason"] for s in refused] == ["refused", "refused"]
 
@@ -124,7 +124,7 @@ async def test_accept_out_of_resources_pauses_instead_of_spinning(
     """L2 on the in-process (asyncio) loop: while accept() fails for want of resources the
     listener retries a few times a second, not in a busy loop; sessions in progress go on;
     the waiting connection is served from the backlog once accept() works again."""
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         held = await connect(proxy)
         await greet(held)
         listener = proxy._listeners[0]
@@ -146,7 +146,7 @@ async def test_accept_out_of_resources_pauses_instead_of_spinning(
 async def test_accept_error_of_one_connection_is_skipped(proxy_factory, caplog) -> None:
     """ECONNABORTED (and the network errors Linux passes on to accept()) concern only the
     connection being accepted: skip it at once, no pause, no warning."""
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         listener = proxy._listeners[0]
         failing = _FailingAccept(listener.sock, errno.ECONNABORTED, failures=1)
         listener.sock = failing  # type: ignore[assignment]
@@ -260,7 +260,7 @@ async def test_descriptor_exhaustion_does_not_stop_the_accept_loop(tmp_path) -> 
     system-wide table is full): accept() keeps failing, the proxy does not spin, held
     sessions still relay, new connections wait and are served once descriptors are back."""
     results: list[ClientResult] = []
-    async with LedgerMX(transcript=False) as mx, serve(tmp_path, mx.address, nofile=128) as px:
+    async with ScriptedMX(transcript=False) as mx, serve(tmp_path, mx.address, nofile=128) as px:
         assert "open-file limit 128 leaves room for" in px.output()
         held: list[RawSMTPClient] = []
         waiting: list[RawSMTPClient] = []
@@ -274,7 +274,7 @@ async def test_descriptor_exhaustion_does_not_stop_the_accept_loop(tmp_path) -> 
                 held.append(client)
             assert first == "421 4.3.2", first
             assert 10 <= len(held) < 64, len(held)
-            dialled = len(mx.connections)
+            dialled = len(mx.sessions)
             os.kill(px.proc.pid, signal.SIGSTOP)
             try:
                 burst = [await _open(px.port) for _ in range(150)]
@@ -287,7 +287,7 @@ async def test_descriptor_exhaustion_does_not_stop_the_accept_loop(tmp_path) -> 
             assert counts == {"421 4.3.2": 150}, counts
             assert "cannot accept connections: Too many open files" in px.output()
             assert "accepting again after" in px.output()
-            assert len(mx.connections) == dialled  # none of the burst reached the MX
+            assert len(mx.sessions) == dialled  # none of the burst reached the MX
 
             for client in held[-5:]:  # room in the cap for what follows
                 client.close()
@@ -443,7 +443,7 @@ async def test_sigterm_mid_traffic_loses_nothing(tmp_path) -> None:
                 if result.code != 250:
                     return
 
-    async with LedgerMX(transcript=False) as mx, serve(tmp_path, mx.address) as px:
+    async with ScriptedMX(transcript=False) as mx, serve(tmp_path, mx.address) as px:
         async with asyncio.timeout(60), asyncio.TaskGroup() as group:
             for index in range(CLIENTS):
                 group.create_task(sender(index, px.port))

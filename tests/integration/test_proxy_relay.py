@@ -1,8 +1,9 @@
 """mailsluice relaying real clients to a real MX over loopback (catalogue A9, A14, A15, B, D1).
 
 Clients: smtplib, swaks and smtp-source (skipped when not installed), and ``RawSMTPClient`` for
-exact bytes and pipelining.  MXes: ``LedgerMX`` (aiosmtpd) and ``ScriptedMX``.  Every message
-is checked against the MX's ledger: byte-exact content, exactly the envelope the client sent.
+exact bytes and pipelining.  The MX is the lab's ``ScriptedMX``, well-behaved or scripted.
+Every message is checked against the MX's ledger: byte-exact content, exactly the envelope the
+client sent.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from tests.integration.proxy_helpers import (
     transactions,
     transcript_of,
 )
-from tests.support.client import data_block
-from tests.support.faults import Action, Fault, Phase
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.ledger_mx import LedgerMX
-from tests.support.scripted_mx import ScriptedMX
+
+from mailsluice_lab.peers.client import data_block
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ CAPS = ("PIPELINING", "SIZE 10240000", "8BITMIME", "DSN", "SMTPUTF8", "ENHANCEDS
 async def test_smtplib_message_arrives_byte_exact(proxy_factory, tmp_path) -> None:
     token = new_token()
     content = make_message(token, body=TRICKY_BODY)
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         code, reply = await smtplib_send(proxy.port, "s@client.test", ["r@mx.test"], content)
     assert code == 250
     [stored] = mx.ledger.messages
@@ -48,7 +49,7 @@ async def test_smtplib_message_arrives_byte_exact(proxy_factory, tmp_path) -> No
     assert (stored.mail_from, stored.rcpt_tos) == ("s@client.test", ("r@mx.test",))
     mx.ledger.assert_no_loss([ClientResult(token, code, f"{code} {reply.decode()}")])
     # The MX saw the client's dot-stuffing unchanged.
-    assert data_block(content) in mx.connections[0].received
+    assert data_block(content) in mx.sessions[0].received
     [session] = sessions(tmp_path)
     assert session["helo"] == "client.test"
     assert (session["mail_from"], session["rcpt_to"]) == ("s@client.test", ["r@mx.test"])
@@ -63,7 +64,7 @@ async def test_ten_megabyte_body_arrives_intact(proxy_factory) -> None:
     line = b"0123456789" * 99 + b"\r\n"  # 992 bytes
     content = make_message(token, body=line * (10 * 1024 * 1024 // len(line) + 1) + b".end\r\n")
     async with (
-        LedgerMX(transcript=False) as mx,
+        ScriptedMX(transcript=False) as mx,
         proxy_factory(mx.address, message_size_limit=16 * 1024 * 1024) as proxy,
     ):
         code, _ = await smtplib_send(proxy.port, "s@client.test", ["r@mx.test"], content)
@@ -94,7 +95,7 @@ async def test_swaks(proxy_factory) -> None:
     if shutil.which("swaks") is None:
         pytest.skip("swaks is not installed")
     token = new_token()
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         code, out = await run_tool(
             "swaks", "--server", f"127.0.0.1:{proxy.port}", "--helo", "client.test",
             "--from", "s@client.test", "--to", "r@mx.test",
@@ -110,7 +111,7 @@ async def test_swaks(proxy_factory) -> None:
 async def test_smtp_source_200_messages_over_5_sessions(proxy_factory, tmp_path) -> None:
     if shutil.which("smtp-source") is None:
         pytest.skip("smtp-source is not installed")
-    async with LedgerMX(transcript=False) as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX(transcript=False) as mx, proxy_factory(mx.address) as proxy:
         code, out = await run_tool(
             "smtp-source", "-s", "5", "-m", "200", "-l", "1024", "-M", "client.test",
             "-f", "s@client.test", "-t", "r@mx.test", f"127.0.0.1:{proxy.port}",
@@ -129,7 +130,7 @@ async def test_three_transactions_on_one_connection(proxy_factory, tmp_path) -> 
     """B13: the second is refused at RCPT, the third accepted; envelopes never leak."""
     one, two, three = new_token(), new_token(), new_token()
     async with (
-        LedgerMX(reject_rcpt=r"^bad@") as mx,
+        ScriptedMX(reject_rcpt=r"^bad@") as mx,
         proxy_factory(mx.address) as proxy,
         await connect(proxy) as client,
     ):
@@ -368,7 +369,7 @@ async def test_both_legs_send_small_writes_at_once(proxy_factory) -> None:
     import socket
 
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address) as proxy,
         await connect(proxy) as client,
     ):

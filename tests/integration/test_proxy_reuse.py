@@ -1,7 +1,7 @@
 """Connection reuse over real sockets: one MX connection for a client's successive sessions.
 
-The proxy runs with ``reuse_connections`` in front of ``LedgerMX`` (aiosmtpd, which records
-every connection and what it received) or a small MX that hangs up after each message.
+The proxy runs with ``reuse_connections`` in front of the lab's ``ScriptedMX`` (which records
+every connection and what it received), also one that hangs up a moment after each message.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from tests.integration.proxy_helpers import (
     transcript_of,
 )
 from tests.support.certs import make_pki, server_context
-from tests.support.ledger import make_message, new_token
-from tests.support.ledger_mx import LedgerMX
+
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +44,12 @@ async def test_successive_sessions_of_a_client_share_one_mx_connection(
     proxy_factory, tmp_path
 ) -> None:
     contents = [make_message(new_token()) for _ in range(3)]
-    async with LedgerMX() as mx:
+    async with ScriptedMX() as mx:
         async with proxy_factory(mx.address, settings=REUSE) as proxy:
             for content in contents:
                 code, _ = await smtplib_send(proxy.port, "s@client.test", ["r@mx.test"], content)
                 assert code == 250
-            [conn] = mx.connections
+            [conn] = mx.sessions
             received = bytes(conn.received).upper()  # smtplib's verbs are lower case
             assert received.count(b"EHLO ") == 1  # later sessions were answered from it
             assert received.count(b"MAIL FROM:") == 3
@@ -70,7 +72,7 @@ async def test_successive_sessions_of_a_client_share_one_mx_connection(
 async def test_a_tls_connection_is_reused_inside_tls(proxy_factory, tmp_path) -> None:
     pki = make_pki()
     async with (
-        LedgerMX(tls=server_context(pki.leaf)) as mx,
+        ScriptedMX(tls=server_context(pki.leaf)) as mx,
         proxy_factory(mx.address, settings=REUSE) as proxy,
     ):
         for _ in range(2):
@@ -78,21 +80,21 @@ async def test_a_tls_connection_is_reused_inside_tls(proxy_factory, tmp_path) ->
                 proxy.port, "s@client.test", ["r@mx.test"], make_message(new_token())
             )
             assert code == 250
-        [conn] = mx.connections
+        [conn] = mx.sessions
         assert conn.tls
         assert all(m.tls for m in mx.ledger.messages)
     assert [s["tls_version"] for s in sessions(tmp_path)] == ["TLSv1.3", "TLSv1.3"]
 
 
 async def test_another_client_address_never_gets_the_connection(proxy_factory) -> None:
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=REUSE) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=REUSE) as proxy:
         for source in ("127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"):
             code = await asyncio.to_thread(
                 _send_from, proxy.port, source, make_message(new_token())
             )
             assert code == 250
-        assert len(mx.connections) == 2
-        assert sorted(bytes(c.received).upper().count(b"MAIL FROM:") for c in mx.connections) == [
+        assert len(mx.sessions) == 2
+        assert sorted(bytes(c.received).upper().count(b"MAIL FROM:") for c in mx.sessions) == [
             2,
             2,
         ]
@@ -102,70 +104,44 @@ async def test_an_idle_connection_is_closed_with_quit_after_the_idle_timeout(
     proxy_factory,
 ) -> None:
     settings = {**REUSE, "reuse_idle_timeout": 0.2}
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=settings) as proxy:
         await smtplib_send(proxy.port, "s@client.test", ["r@mx.test"], make_message(new_token()))
         await asyncio.sleep(0.6)
-        assert bytes(mx.connections[0].received).endswith(b"QUIT\r\n")
+        assert bytes(mx.sessions[0].received).endswith(b"QUIT\r\n")
         code, _ = await smtplib_send(
             proxy.port, "s@client.test", ["r@mx.test"], make_message(new_token())
         )
         assert code == 250
-        assert len(mx.connections) == 2
+        assert len(mx.sessions) == 2
 
 
 async def test_a_transaction_left_open_at_quit_ends_the_mx_connection(proxy_factory) -> None:
-    async with LedgerMX() as mx, proxy_factory(mx.address, settings=REUSE) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=REUSE) as proxy:
         async with await connect(proxy) as client:
             await greet(client)
             assert (await client.command("MAIL FROM:<s@client.test>")).code == 250
             assert (await client.command("QUIT")).code == 221
         await smtplib_send(proxy.port, "s@client.test", ["r@mx.test"], make_message(new_token()))
-        assert len(mx.connections) == 2
-        assert b"QUIT" in bytes(mx.connections[0].received).upper()
+        assert len(mx.sessions) == 2
+        assert b"QUIT" in bytes(mx.sessions[0].received).upper()
 
 
-class HangUpMX:
-    """A minimal MX that hangs up a moment after accepting each message (an MX with a
-    short idle timeout): the pooled connection must be dropped, never used dead."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.messages = 0
-
-    async def session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        writer.write(b"220 hangup.test ESMTP\r\n")
-        try:
-            while line := await reader.readline():
-                verb = line[:4].upper()
-                if verb == b"DATA":
-                    writer.write(b"354 go ahead\r\n")
-                    await reader.readuntil(b"\r\n.\r\n")
-                    self.messages += 1
-                    writer.write(b"250 2.0.0 queued\r\n")
-                    await writer.drain()
-                    await asyncio.sleep(0.05)
-                    break
-                writer.write(b"221 2.0.0 bye\r\n" if verb == b"QUIT" else b"250 hangup.test\r\n")
-        finally:
-            writer.close()
+#: an MX that hangs up a moment after accepting each message (as one with a short idle
+#: timeout does): the pooled connection must be dropped, never used dead
+HANG_UP_AFTER_EACH_MESSAGE = Fault(Phase.DOT, Action.HALF_CLOSE, pause=0.05)
 
 
 async def test_an_mx_hanging_up_an_idle_connection_costs_nothing(proxy_factory) -> None:
-    mx = HangUpMX()
-    server = await asyncio.start_server(mx.session, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with proxy_factory(("127.0.0.1", port), settings=REUSE) as proxy:
-            for _ in range(3):
-                code, _ = await smtplib_send(
-                    proxy.port, "s@client.test", ["r@mx.test"], make_message(new_token())
-                )
-                assert code == 250
-                await asyncio.sleep(0.2)  # the MX has hung up meanwhile
-            assert proxy.services.pool is not None
-            assert len(proxy.services.pool) == 0
-    finally:
-        server.close()
-        await server.wait_closed()
-    assert (mx.connections, mx.messages) == (3, 3)
+    async with (
+        ScriptedMX(faults=[HANG_UP_AFTER_EACH_MESSAGE]) as mx,
+        proxy_factory(mx.address, settings=REUSE) as proxy,
+    ):
+        for _ in range(3):
+            code, _ = await smtplib_send(
+                proxy.port, "s@client.test", ["r@mx.test"], make_message(new_token())
+            )
+            assert code == 250
+            await asyncio.sleep(0.2)  # the MX has hung up meanwhile
+        assert proxy.services.pool is not None
+        assert len(proxy.services.pool) == 0
+    assert (len(mx.sessions), len(mx.ledger)) == (3, 3)

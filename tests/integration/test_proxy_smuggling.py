@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import pytest
 from tests.integration.proxy_helpers import bare_newlines, connect, greet, outcome, sessions
-from tests.support.client import RawSMTPClient
-from tests.support.ledger import ClientResult, new_token
-from tests.support.scripted_body import SMUGGLING_SEQUENCES
-from tests.support.scripted_mx import ScriptedMX
 
 from mailsluice.relay.config import BareNewlinePolicy
+from mailsluice_lab.peers.client import RawSMTPClient
+from mailsluice_lab.peers.ledger import ClientResult, new_token
+from mailsluice_lab.peers.mx import SMUGGLING_SEQUENCES, ScriptedMX
 
 pytestmark = pytest.mark.integration
 

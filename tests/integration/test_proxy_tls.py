@@ -20,11 +20,11 @@ from tests.integration.proxy_helpers import (
     sessions,
     wait_until,
 )
-from tests.support.client import data_block
-from tests.support.faults import Action, Fault, Phase
-from tests.support.ledger import ClientResult, make_message, new_token
-from tests.support.ledger_mx import LedgerMX
-from tests.support.scripted_mx import ScriptedMX
+
+from mailsluice_lab.peers.client import data_block
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ async def test_message_arrives_over_tls_and_the_log_records_it(
 ) -> None:
     token = new_token()
     async with (
-        LedgerMX(tls=server_ssl_context) as mx,
+        ScriptedMX(tls=server_ssl_context) as mx,
         proxy_factory(mx.address) as proxy,
         await connect(proxy) as client,
     ):
@@ -52,7 +52,7 @@ async def test_message_arrives_over_tls_and_the_log_records_it(
     assert "STARTTLS" not in _keywords(ehlo.lines)
     assert [r.code for r in replies] == [250, 250, 354, 250]
     [stored] = mx.ledger.messages
-    assert (stored.tls, mx.connections[0].tls) == (True, True)
+    assert (stored.tls, mx.sessions[0].tls) == (True, True)
     mx.ledger.assert_no_loss([ClientResult(token, 250, replies[-1].as_text())])
     [session] = sessions(tmp_path)
     assert session["tls_version"] in ("TLSv1.2", "TLSv1.3")

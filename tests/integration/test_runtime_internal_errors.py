@@ -16,15 +16,14 @@ from tests.integration.proxy_helpers import (
     transcript_of,
     wait_until,
 )
-from tests.support.faults import Action, Fault, Phase
-from tests.support.ledger import make_message
-from tests.support.ledger_mx import LedgerMX
-from tests.support.scripted_mx import ScriptedMX
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.runtime import mxleg
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.ledger import make_message
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +42,7 @@ async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
         return await real_dial(*args, **kwargs)
 
     monkeypatch.setattr(mxleg, "dial", dial_once_broken)
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         async with await connect(proxy) as client:
             first = await outcome(client)
             assert await outcome(client) == "closed"
@@ -119,7 +118,7 @@ async def test_exception_while_relaying_client_bytes_is_421(
 
     monkeypatch.setattr(Relay, "client_data", broken_on_boom)
     async with (
-        LedgerMX() as mx,
+        ScriptedMX() as mx,
         proxy_factory(mx.address) as proxy,
         await connect(proxy) as client,
     ):

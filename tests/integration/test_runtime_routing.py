@@ -18,12 +18,11 @@ from tests.integration.proxy_helpers import (
     transcript_of,
 )
 from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
-from tests.support.ledger import make_message, new_token
-from tests.support.ledger_mx import LedgerMX
-from tests.support.scripted_mx import ScriptedMX
 
 from mailsluice.runtime import mxleg, origdst
 from mailsluice.runtime.server import Proxy
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +73,7 @@ async def test_smart_host_given_by_name_is_resolved(proxy_factory, tmp_path: Pat
     name = "localhost"
     first = socket.getaddrinfo(name, 25, type=socket.SOCK_STREAM)[0][4][0]
     async with (
-        LedgerMX(host=first) as mx,
+        ScriptedMX(host=first) as mx,
         proxy_factory((name, mx.port)) as proxy,
         await connect(proxy) as client,
     ):

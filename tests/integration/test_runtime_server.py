@@ -25,7 +25,6 @@ from tests.integration.proxy_helpers import (
     wait_until,
 )
 from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.config import HostPort
 from mailsluice.policy.limits import Caps
@@ -34,6 +33,7 @@ from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.server import Proxy
 from mailsluice.runtime.services import Services
 from mailsluice.sessionlog.threadwriter import LogWriter, NullWriter
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ async def test_listening_on_a_busy_port_names_the_fix(tmp_path: Path) -> None:
 async def test_a_connection_that_cannot_be_adopted_is_closed(
     proxy_factory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         # not a stream socket: no transport can be built on it; the proxy goes on
         odd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         with caplog.at_level(logging.WARNING, "mailsluice.server"):
@@ -70,7 +70,7 @@ async def test_a_connection_that_cannot_be_adopted_is_closed(
 
 
 async def test_a_connection_handed_over_after_shutdown_is_closed_cleanly(proxy_factory) -> None:
-    async with LedgerMX() as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         pass
     late = socket.socket()
     with warnings.catch_warnings(record=True) as caught:
@@ -98,7 +98,7 @@ async def test_a_writer_passed_in_is_not_closed_and_drops_are_reported(
 ) -> None:
     backend = _Recorder()
     writer = LogWriter(backend, queue_limit=1)  # far too small: records are dropped
-    async with LedgerMX() as mx:
+    async with ScriptedMX() as mx:
         with caplog.at_level(logging.WARNING, "mailsluice.server"):
             async with Proxy(runtime_settings(mx.address, tmp_path), log_writer=writer) as proxy:
                 async with await connect(proxy) as client:

@@ -16,17 +16,17 @@ from tests.integration.proxy_helpers import (
     greet,
     sessions,
 )
-from tests.support.ledger import make_message
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.runtime import tls
+from mailsluice_lab.peers.ledger import make_message
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
 
 async def test_chain_from_a_trusted_ca_is_logged_verified(proxy_factory, tmp_path: Path) -> None:
     pki = _Pki(tmp_path)
-    async with LedgerMX(tls=pki.server_context()) as mx, proxy_factory(mx.address) as proxy:
+    async with ScriptedMX(tls=pki.server_context()) as mx, proxy_factory(mx.address) as proxy:
         proxy.services.chain_verifier = tls.ChainVerifier(str(pki.ca_file))
         async with await connect(proxy) as client:
             await greet(client)

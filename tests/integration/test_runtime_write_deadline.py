@@ -12,8 +12,9 @@ from tests.integration.proxy_helpers import (
     transcript_of,
 )
 from tests.integration.runtime_helpers import LOOPBACK
-from tests.support.faults import Action, Fault, Phase
-from tests.support.scripted_mx import ScriptedMX
+
+from mailsluice_lab.peers.faults import Action, Fault, Phase
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -77,7 +77,7 @@ async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
     tmp_path: Path, workers: int
 ) -> None:
     log = tmp_path / "sessions.db"
-    async with LedgerMX() as mx:
+    async with ScriptedMX() as mx:
         port = _free_port()
         command = [sys.executable, "-m", "mailsluice", "serve", "--workers", str(workers),
                    "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",

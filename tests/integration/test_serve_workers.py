@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.ledger_mx import LedgerMX
 
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def _send(port: int, n: int) -> None:
 
 async def test_two_workers_relay_log_and_stop(tmp_path: Path) -> None:
     log = tmp_path / "sessions.db"
-    async with LedgerMX() as mx:
+    async with ScriptedMX() as mx:
         port = _free_port()
         proc = _serve(
             "--workers", "2", "--listen", f"127.0.0.1:{port}",

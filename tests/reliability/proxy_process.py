@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mailsluice.benchmark.procs import (
+from mailsluice_lab.processes import (
     LOOPBACK,
     child,
     exit_reporter,

@@ -1,6 +1,6 @@
 """Submitting mail to an MSA (a ``PostfixMSA``) and knowing exactly which messages it took.
 
-Each ``Submission`` carries a unique token in its Message-ID (``tests.support.ledger.
+Each ``Submission`` carries a unique token in its Message-ID (``mailsluice_lab.peers.ledger.
 make_message``). ``submit`` sends a list of them over a few parallel connections, lock-step
 (no pipelining, no retries), every read with a deadline, and reports which tokens got a 2xx
 at end-of-data and which did not (with the reply or the connection error).
@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tests.support.client import ConnectionClosed, MalformedReply, RawSMTPClient
+from mailsluice_lab.peers.client import ConnectionClosed, MalformedReply, RawSMTPClient
 
 
 @dataclass(frozen=True)

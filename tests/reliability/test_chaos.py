@@ -1,8 +1,9 @@
 """Chaos: a real Postfix MSA sends through mailsluice while mailsluice is SIGKILLed repeatedly.
 
 A private Postfix instance (``tests.support.postfix_msa``, fast retries) relays everything to
-``mailsluice serve --upstream`` (a subprocess, SQLite session log), which relays to a counting
-MX on the test's event loop (``LedgerMX``: records each message's Message-ID). Messages with
+``mailsluice serve --upstream`` (a subprocess, SQLite session log), which relays to the lab's
+MX on the test's event loop (``ScriptedMX``: its ledger records each message, which it stores
+before it waits a moment and answers). Messages with
 unique Message-IDs are submitted to Postfix in small batches spread over the whole run while
 a loop starts mailsluice, lets it work for 0.5-1.5 s, kills it with SIGKILL and starts it
 again, at least ``kills`` times. Then mailsluice is left running until Postfix's queue drains.
@@ -32,14 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.reliability.counting_mx import CountingMX
 from tests.reliability.envsize import env_int
 from tests.reliability.proxy_process import helpers, serve
 from tests.reliability.submission import Submission, submit
-from tests.support.ledger import make_message, new_token
 from tests.support.postfix_msa import PostfixMSA, missing
 
-from mailsluice.benchmark.procs import free_port, is_alive
+from mailsluice_lab.peers.ledger import make_message, new_token
+from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port, is_alive
 
 pytestmark = [
     pytest.mark.system,
@@ -155,7 +156,10 @@ async def chaos(
     record = ChaosLog()
     started = time.monotonic()
     async with asyncio.timeout(budget_seconds(messages, kills)):
-        async with CountingMX(dot_delay=DOT_DELAY, seed=SEED) as mx:
+        chaos_mx = ScriptedMX(
+            stored_reply_delay=DOT_DELAY, seed=SEED, idle_timeout=60.0, transcript=False
+        )
+        async with chaos_mx as mx:
             msa = PostfixMSA(
                 relayhost=("127.0.0.1", proxy_port),
                 name="chaos",
@@ -191,8 +195,9 @@ async def chaos(
                 figures["mailsluice_final_exit"] = final.returncode
                 deliveries = msa.deliveries()
                 maillog = msa.maillog.read_text(errors="replace")
-            stored = list(mx.received)
-            figures.update(mx_sessions=mx.sessions, mx_aborted_in_body=mx.aborted)
+            stored = [message.message_id for message in mx.ledger]
+            aborted = sum(session.ended_in_data for session in mx.sessions)
+            figures.update(mx_sessions=len(mx.sessions), mx_aborted_in_body=aborted)
     ended = time.monotonic()
 
     per_id = collections.Counter(stored)
@@ -285,7 +290,7 @@ async def test_a_real_bounce_is_detected(request: pytest.FixtureRequest) -> None
     """The "none bounced" check is live: a 550 from the MX shows up as a bounce in the log."""
     token = new_token("bounce")
     message = Submission(token, "tenant@client.test", "nobody@mx.test", make_message(token))
-    async with CountingMX(reject_rcpt=b"nobody") as mx:
+    async with ScriptedMX(reject_rcpt="nobody", transcript=False) as mx:
         msa = PostfixMSA(relayhost=("127.0.0.1", mx.port), name="bounce")
         request.addfinalizer(msa.stop)
         async with msa:
@@ -297,4 +302,4 @@ async def test_a_real_bounce_is_detected(request: pytest.FixtureRequest) -> None
     assert "nobody@mx.test" in deliveries.bounced_lines[0]
     # The bounce notice itself went to the sender through the same relay host.
     assert deliveries.sent == 1
-    assert f"<{token}@test>" not in mx.received
+    assert f"<{token}@test>" not in [message.message_id for message in mx.ledger]

@@ -36,8 +36,8 @@ from tests.reliability.proxy_process import (
     wait_fds,
 )
 
-from mailsluice.benchmark.procs import find_program, free_port
-from mailsluice.benchmark.smtptools import SourceResult, run_smtp_source, smtp_sink
+from mailsluice_lab.bench.smtptools import SourceResult, run_smtp_source, smtp_sink
+from mailsluice_lab.processes import find_program, free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,9 +1,12 @@
-"""Test-side infrastructure: test MX servers, the ledger oracle, a raw SMTP client, test PKI.
+"""Test-side infrastructure of the product's tests: the test PKI, private services and MTAs.
 
-* ``ledger``: ``Ledger``/``ClientResult`` -- what the MX stored vs. what the client was told.
-* ``ledger_mx``: ``LedgerMX`` -- a well-behaved aiosmtpd MX on the test's event loop.
-* ``scripted_mx``: ``ScriptedMX`` -- a fault-injecting MX (plans from ``faults``), with lenient
-  (smuggling-vulnerable) and STARTTLS response-injection modes.
-* ``client``: ``RawSMTPClient`` -- byte-exact SMTP client.
 * ``certs``: trustme CA, MX certificate and SSL contexts.
+* ``postfix_msa``, ``postfix_mx``, ``exim_msa``: private Postfix and Exim instances (tenant
+  MSAs, an MX) for the reliability and interop tests; ``interop``: the interop matrix.
+* ``postgres``, ``mariadb``, ``milters``, ``private_services``: private database and milter
+  servers on free ports.
+* ``log_corpus``, ``query_corpus``, ``filters``: session-log records and test filters.
+
+The fake SMTP peers (the scriptable MX, the raw client, the ledger oracle) live in the lab,
+shared with the demo and the benchmarks: ``mailsluice_lab.peers``.
 """

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from mailsluice.benchmark.procs import find_program
+from mailsluice_lab.processes import find_program
 
 #: Where ``scripts/bootstrap`` unpacks the Exim packages (``dpkg -x``).
 CACHE_ROOT = Path(__file__).resolve().parents[2] / ".cache" / "exim" / "root"

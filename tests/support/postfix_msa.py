@@ -51,8 +51,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from mailsluice.benchmark.procs import find_program
-from mailsluice.netns import listening_ports
+from mailsluice_lab.netns.processes import listening_ports
+from mailsluice_lab.processes import find_program
 
 _SERVICES = """\
 pickup    unix  n       -       n       60      1       pickup

@@ -1,8 +1,9 @@
 """System-test harness: real interception in throw-away network namespaces.
 
-The namespace plumbing lives in :mod:`mailsluice.netns` (the demo uses it too); this
-module adds what the tests need around it: a *lab* holding one topology, the
-recording MX (``mailsluice.demo_peers``) in its namespace, the message files, the
+The namespace plumbing lives in the lab, :mod:`mailsluice_lab.netns` (the demo uses it
+too); this module adds what the tests need around it: a *lab* holding one topology, the
+recording MX (the lab's MX with a maildir, ``mailsluice_lab.netns.processes.start_mx``)
+in its namespace, the message files, the
 ``mailsluice serve`` processes and the readers of what happened (messages at the MX,
 connections the MX accepted, ``mailsluice sessions --json``, ``mailsluice transcript``).
 
@@ -28,20 +29,11 @@ from typing import Any
 
 import pytest
 
-from mailsluice.demo_peers import Received, SendResult, read_connections, read_maildir
-from mailsluice.netns import (
-    Gateway,
-    Namespace,
-    NetnsError,
-    Process,
-    SameHost,
-    gateway,
-    same_host,
-    send_in,
-    start_mx,
-    start_proxy,
-    unavailable_reason,
-)
+from mailsluice_lab.netns.plumbing import Namespace, NetnsError, unavailable_reason
+from mailsluice_lab.netns.processes import Process, send_in, start_mx, start_proxy
+from mailsluice_lab.netns.topologies import Gateway, SameHost, gateway, same_host
+from mailsluice_lab.peers.recorders import Received, read_connections, read_maildir
+from mailsluice_lab.peers.sender import SendResult
 
 __all__ = ["PROXY_PORT", "Gateway", "Lab", "SameHost", "gateway_lab", "require", "same_host_lab"]
 
@@ -123,7 +115,7 @@ class Lab:
         *,
         source: str | None = None,
     ) -> SendResult:
-        """Send one message with smtplib from the client namespace."""
+        """Send one message with the lab's sender from the client namespace."""
         file = self.message_file(content)
         return send_in(self.client_ns, server, MAIL_FROM, rcpt_to, file, source=source)
 

@@ -9,29 +9,20 @@ namespaces, which are deleted afterwards; nothing changes in the machine's own n
 
 :func:`readme_recipe` reads the recipe from the README itself (the shell block after
 the ``tested by tests/system/test_readme_same_host.py`` marker), so that the test runs
-what a reader would type. Built with the plumbing of :mod:`mailsluice.netns`.
+what a reader would type. Built with the plumbing of :mod:`mailsluice_lab.netns`.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mailsluice.demo_peers import SendResult
-from mailsluice.netns import (
-    Namespace,
-    NetnsError,
-    address,
-    default_route,
-    link,
-    namespaces,
-    python_for_user,
-)
+from mailsluice_lab.netns.plumbing import Namespace, address, default_route, link, namespaces
+from mailsluice_lab.netns.processes import send_in
+from mailsluice_lab.peers.sender import SendResult
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- tested by tests/system/test_readme_same_host.py -->"
@@ -125,20 +116,5 @@ def send_as(
     rcpt_to: str,
     timeout: float = 60.0,
 ) -> SendResult:
-    """One message with smtplib from ``ns``, run as ``user`` (a local MSA, not root)."""
-    python, env = python_for_user(*user)
-    uid, gid = user
-    setpriv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-    argv = [*python, "-m", "mailsluice.demo_peers", "send", "--server", server,
-            "--from", mail_from, "--to", rcpt_to, "--message-file", str(message_file)]  # fmt: skip
-    try:
-        done = subprocess.run(
-            ns.cmd(*setpriv, "env", *(f"{k}={v}" for k, v in env.items()), *argv),
-            capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        raise NetnsError(f"{' '.join(argv)}: no result after {timeout:g} s") from exc
-    lines = done.stdout.strip().splitlines()
-    if not lines:
-        raise NetnsError(f"{' '.join(argv)} printed nothing: {done.stderr.strip()}")
-    return SendResult.from_json(json.loads(lines[-1]))
+    """One message from ``ns``, sent as ``user`` (a local MSA, not root)."""
+    return send_in(ns, server, mail_from, [rcpt_to], message_file, user=user, timeout=timeout)

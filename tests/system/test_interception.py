@@ -25,7 +25,7 @@ from tests.system.netns import (
     unprivileged_user,
 )
 
-from mailsluice.netns import NetnsError
+from mailsluice_lab.netns.plumbing import NetnsError
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
@@ -40,7 +40,7 @@ def only_session(lab: Lab) -> dict[str, object]:
     return sessions[0]
 
 
-def test_smtplib_message_is_intercepted_and_relayed_byte_exact() -> None:
+def test_a_message_is_intercepted_and_relayed_byte_exact() -> None:
     with gateway_lab(ipv6=False) as (topo, lab):
         proxy = lab.serve(topo.gw)
         result = lab.send(f"{topo.mx_ip}:25")
@@ -74,7 +74,7 @@ def test_mx_refusal_reaches_the_client_unchanged() -> None:
         assert not result.accepted
         code, text = result.refused[REJECTED]
         assert code == 550
-        assert text == f"5.1.1 <{REJECTED}>: recipient rejected by the demo MX"
+        assert text == f"5.1.1 <{REJECTED}>: Recipient address rejected"
         assert lab.received() == []
 
 

@@ -1,8 +1,9 @@
 """Real tenant MTAs through mailsluice in transparent mode to a real Postfix MX (issue 11).
 
-One gateway topology (``mailsluice.netns.gateway``) per module and proxy mode: ``gw`` runs
-``mailsluice serve`` and REDIRECTs port 25, a private Postfix MX runs in ``mx``, and each
-test's tenant MTA gets a namespace of its own, linked to ``gw`` (``InteropLab.tenant``).
+One gateway topology (``mailsluice_lab.netns.topologies.gateway``) per module and proxy
+mode: ``gw`` runs ``mailsluice serve`` and REDIRECTs port 25, a private Postfix MX runs in
+``mx``, and each test's tenant MTA gets a namespace of its own, linked to ``gw``
+(``InteropLab.tenant``).
 The MTA dials the MX's address on port 25; mailsluice reads the original destination,
 relays to the MX and runs STARTTLS toward it itself. The MX has three smtpd listeners, one
 per recipient domain (``tests.support.interop.MX_LISTENERS``): as Postfix ships
@@ -40,18 +41,16 @@ from tests.support.postfix_msa import PostfixMSA
 from tests.support.postfix_mx import PostfixMX
 from tests.system.netns import require
 
-from mailsluice.netns import (
-    Gateway,
+from mailsluice_lab.netns.plumbing import (
     Namespace,
-    Process,
     address,
     default_route,
-    gateway,
     link,
     namespaces,
     redirect_rule,
-    start_proxy,
 )
+from mailsluice_lab.netns.processes import Process, start_proxy
+from mailsluice_lab.netns.topologies import Gateway, gateway
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 

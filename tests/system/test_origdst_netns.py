@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 from tests.system.netns import PROXY_PORT, require
 
-from mailsluice.netns import NetnsError, gateway, namespaces, sh, spawn
 from mailsluice.runtime.origdst import OriginalDestinationError, original_destination
+from mailsluice_lab.netns.plumbing import NetnsError, namespaces, sh
+from mailsluice_lab.netns.processes import spawn
+from mailsluice_lab.netns.topologies import gateway
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 

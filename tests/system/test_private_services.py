@@ -20,7 +20,7 @@ import pytest
 from tests.support.private_services import DEFAULT_PORTS
 from tests.system.netns import require
 
-from mailsluice.netns import namespaces
+from mailsluice_lab.netns.plumbing import namespaces
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(400)]
 

@@ -28,8 +28,8 @@ import pytest
 from tests.system.netns import hostport, require, unprivileged_user
 from tests.system.readme_host import mail_host, readme_recipe, send_as
 
-from mailsluice.demo_peers import read_connections, read_maildir
-from mailsluice.netns import send_in, start_mx, start_proxy
+from mailsluice_lab.netns.processes import send_in, start_mx, start_proxy
+from mailsluice_lab.peers.recorders import read_connections, read_maildir
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 

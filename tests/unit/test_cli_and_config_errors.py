@@ -49,17 +49,6 @@ def test_verbose_flag_reaches_the_settings() -> None:
     assert settings_from_args(quiet).verbose is False
 
 
-def test_demo_and_bench_options_are_passed_through(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["demo", "--help"])  # the demo's own parser answers
-    assert done.value.code == 0
-    assert "--netns" in capsys.readouterr().out
-    assert main(["bench", "--help"]) == 0
-    assert "usage: mailsluice bench {relay,idle" in capsys.readouterr().out
-    assert main(["bench"]) == 2
-    assert "usage: mailsluice bench" in capsys.readouterr().err
-
-
 def test_ctrl_c_while_serving_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     import mailsluice.runtime.server as server
 

@@ -1,0 +1,347 @@
+"""`mailsluice bench relay`: relay throughput of mailsluice against its peers.
+
+smtp-source (the MSA) sends N messages over S parallel sessions through each
+variant (direct, mailsluice, nginx stream proxy, Postfix relay) to smtp-sink
+(the MX). A run is timed from starting smtp-source until smtp-source has
+finished AND the sink has counted every message, so a queueing relay is timed
+until delivery, not until it has accepted the mail. Every run gets a fresh
+sink and a fresh forwarder, a hard time limit, and is torn down completely,
+even on Ctrl-C. Results go to a table on stdout and to DIR/relay.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mailsluice_lab.bench.forwarders import VARIANTS, Context, Endpoint, remove_tree, variant
+from mailsluice_lab.bench.report import build_report, format_table, machine_info
+from mailsluice_lab.bench.smtptools import SinkCounter, run_smtp_source, smtp_sink
+from mailsluice_lab.processes import (
+    LabError,
+    machine_cpu_share,
+    machine_cpu_ticks,
+    maps_mention,
+    tree_cpu_seconds,
+    tree_peak_rss_kib,
+)
+
+DEFAULT_VIA = ",".join(v.name for v in VARIANTS)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's parameters, as given on the command line."""
+
+    messages: int
+    sessions: int
+    size: int
+    via: tuple[str, ...]
+    repeat: int
+    out: Path
+    timeout: float
+    startup_timeout: float
+    nginx_workers: str
+    log_kind: str
+    reuse: bool
+    keep_workdir: bool
+    workers: int = 3
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One variant measured once."""
+
+    variant: str
+    repeat: int
+    status: str  # ok | failed | timeout | skipped
+    note: str = ""
+    sent: int = 0  # DATA transactions smtp-source saw accepted
+    received: int = 0  # messages smtp-sink counted
+    sink_sessions: int = 0
+    seconds: float | None = None  # smtp-source start until the sink had every message
+    msg_per_s: float | None = None
+    source_seconds: float | None = None  # until smtp-source finished (a relay may still queue)
+    cpu_seconds: float | None = None  # forwarder's process tree, during the run
+    peak_rss_kib: int | None = None  # sum of VmHWM over the forwarder's process tree
+    sink_cpu_seconds: float | None = None
+    source_cpu_seconds: float | None = None
+    uvloop: bool | None = None  # mailsluice only: uvloop mapped into the process
+    log_bytes: int | None = None  # mailsluice only: size of its session log
+    loadavg_1m: float | None = None  # machine load when the run started
+    machine_cpu: dict[str, float] = field(default_factory=dict)  # busy/steal % during the run
+    info: dict[str, object] = field(default_factory=dict)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _workers(text: str) -> str:
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"must be a positive number or 'auto', got {text!r}")
+    return text
+
+
+def parse_options(argv: list[str]) -> Options:
+    """Parse `bench relay` arguments; argparse exits with status 2 on bad input."""
+    parser = argparse.ArgumentParser(
+        prog="mailsluice bench relay",
+        description="Relay throughput: smtp-source -> (variant) -> smtp-sink on 127.0.0.1.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--messages", type=_positive, default=20000, help="messages per run")
+    parser.add_argument("--sessions", type=_positive, default=20, help="parallel SMTP sessions")
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes per message")
+    parser.add_argument("--via", default=DEFAULT_VIA, help="comma-separated variants")
+    parser.add_argument("--repeat", type=_positive, default=1, help="runs per variant")
+    parser.add_argument(
+        "--out", type=Path, default=Path("lab/results"), help="where relay.json goes"
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="hard limit per run, seconds")
+    parser.add_argument("--startup-timeout", type=float, default=30.0, help="per server, seconds")
+    parser.add_argument(
+        "--nginx-workers", type=_workers, default="1", help="nginx worker_processes (N or auto)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=(os.cpu_count() or 1) + 1,
+        help="mailsluice worker processes (serve --workers); default: cores + 1",
+    )
+    parser.add_argument("--log-kind", choices=("sqlite", "jsonl", "none"), default="sqlite",
+                        help="mailsluice session log (none: logging off)")  # fmt: skip
+    parser.add_argument(
+        "--reuse-connections", action="store_true",
+        help="smtp-source -d: several messages per connection (default: one per connection)",
+    )  # fmt: skip
+    parser.add_argument("--keep-workdir", action="store_true", help="keep configs and logs")
+    args = parser.parse_args(argv)
+    via = tuple(name.strip() for name in args.via.split(",") if name.strip())
+    known = {v.name for v in VARIANTS}
+    unknown = [name for name in via if name not in known]
+    if unknown or not via:
+        parser.error(f"unknown variant(s) {unknown or via}; choose from {', '.join(sorted(known))}")
+    if args.size < 0:
+        parser.error("--size must not be negative")
+    return Options(
+        messages=args.messages, sessions=args.sessions, size=args.size, via=via,
+        repeat=args.repeat, out=args.out, timeout=args.timeout,
+        startup_timeout=args.startup_timeout, nginx_workers=args.nginx_workers,
+        log_kind=args.log_kind, reuse=args.reuse_connections, keep_workdir=args.keep_workdir,
+        workers=args.workers,
+    )  # fmt: skip
+
+
+async def await_delivery(
+    counter: SinkCounter,
+    expected: int,
+    endpoint: Endpoint,
+    source_ended: float,
+    *,
+    settle: float = 5.0,
+) -> tuple[str | None, float]:
+    """Wait until the sink has `expected` messages; return (why it never will, when it did).
+
+    The time is `source_ended` when the sink already had them all then (always
+    the case for a forwarder that passes the MX's reply back), else the time of
+    the poll (every 50 ms) that saw the last one arrive. Mail still missing
+    `settle` seconds after a forwarder acknowledged it (or after a relay's
+    queue emptied) is reported as lost.
+    """
+    settle_until: float | None = None
+    next_queue_check = 0.0
+    counter.poll()
+    if counter.messages >= expected:
+        return None, source_ended
+    while True:
+        await asyncio.sleep(0.05)
+        counter.poll()
+        now = time.perf_counter()
+        if counter.messages >= expected:
+            return None, now
+        if endpoint.queue_state is not None:
+            if now >= next_queue_check:
+                next_queue_check = now + 1.0
+                queued, deferred = endpoint.queue_state()
+                if deferred:
+                    return f"the relay deferred {deferred} message(s); see its log", now
+                if queued:
+                    settle_until = None
+                elif settle_until is None:
+                    settle_until = now + settle
+        elif settle_until is None:
+            # A forwarder that passed a 2xx back has already handed the message on.
+            settle_until = now + settle
+        if settle_until is not None and now > settle_until:
+            lost = (
+                f"LOST: the sink received {counter.messages} of the {expected} messages "
+                "the client saw accepted"
+            )
+            return lost, now
+
+
+def _artifact_bytes(endpoint: Endpoint) -> int | None:
+    sizes = [path.stat().st_size for path in endpoint.artifacts if path.exists()]
+    return sum(sizes) if sizes else None
+
+
+async def _measure(opts: Options, name: str, repeat: int, workdir: Path) -> RunResult:
+    tag = f"{name}-{repeat}"
+    load = round(os.getloadavg()[0], 2)
+    async with smtp_sink(workdir, tag, startup_timeout=opts.startup_timeout) as sink:
+        ctx = Context(
+            workdir=workdir, sink_port=sink.port, startup_timeout=opts.startup_timeout,
+            run_tag=tag, nginx_workers=opts.nginx_workers, log_kind=opts.log_kind,
+            mailsluice_workers=opts.workers,
+        )  # fmt: skip
+        async with variant(name).start(ctx) as endpoint:
+            pid = endpoint.pid
+            cpu0 = tree_cpu_seconds(pid) if pid else None
+            sink_cpu0 = tree_cpu_seconds(sink.pid)
+            ticks0 = machine_cpu_ticks()
+            source = await run_smtp_source(
+                endpoint.port, messages=opts.messages, sessions=opts.sessions,
+                size=opts.size, reuse=opts.reuse, workdir=workdir, tag=tag,
+            )  # fmt: skip
+            problem, ended = await await_delivery(
+                sink.counter, source.completed, endpoint, source.ended
+            )
+            ticks1 = machine_cpu_ticks()
+            cpu1 = tree_cpu_seconds(pid) if pid else None
+            sink_cpu1 = tree_cpu_seconds(sink.pid)
+            peak = tree_peak_rss_kib(pid) if pid else None
+            uvloop = maps_mention(pid, "uvloop") if pid and name == "mailsluice" else None
+        counter = sink.counter
+    seconds = ended - source.started
+    notes = []
+    if source.returncode != 0:
+        notes.append(f"smtp-source exited with status {source.returncode}: {source.stderr_tail}")
+    elif source.completed != opts.messages:
+        notes.append(f"smtp-source completed {source.completed} of {opts.messages} messages")
+    if problem:
+        notes.append(problem)
+    if counter.messages > source.completed:
+        notes.append(f"the sink received {counter.messages} messages for {source.completed} sent")
+    return RunResult(
+        variant=name, repeat=repeat, status="failed" if notes else "ok", note="; ".join(notes),
+        sent=source.completed, received=counter.messages, sink_sessions=counter.sessions,
+        seconds=round(seconds, 4), source_seconds=round(source.ended - source.started, 4),
+        msg_per_s=round(counter.messages / seconds, 1) if seconds > 0 else None,
+        cpu_seconds=round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None,
+        peak_rss_kib=peak,
+        sink_cpu_seconds=(
+            round(sink_cpu1 - sink_cpu0, 3)
+            if sink_cpu0 is not None and sink_cpu1 is not None else None
+        ),
+        source_cpu_seconds=source.cpu_seconds, uvloop=uvloop,
+        log_bytes=_artifact_bytes(endpoint), loadavg_1m=load,
+        machine_cpu=machine_cpu_share(ticks0, ticks1),
+        info=dict(endpoint.info),
+    )  # fmt: skip
+
+
+async def run_variant(opts: Options, name: str, repeat: int, workdir: Path) -> RunResult:
+    """Measure one variant once, within the hard time limit; never raises for a failed run."""
+    reason = variant(name).missing()
+    if reason is not None:
+        return RunResult(variant=name, repeat=repeat, status="skipped", note=reason)
+    try:
+        async with asyncio.timeout(opts.timeout) as limit:
+            return await _measure(opts, name, repeat, workdir)
+    except TimeoutError as exc:
+        if limit.expired():
+            return RunResult(
+                variant=name, repeat=repeat, status="timeout",
+                note=f"not finished within {opts.timeout:.0f} s; all its processes were stopped",
+            )  # fmt: skip
+        return RunResult(variant=name, repeat=repeat, status="failed", note=f"timed out: {exc}")
+    except (LabError, OSError) as exc:
+        return RunResult(variant=name, repeat=repeat, status="failed", note=str(exc))
+
+
+def _progress(result: RunResult, total: int, index: int) -> str:
+    head = f"[{index}/{total}] {result.variant:<10}"
+    if result.seconds is None:
+        return f"{head} {result.status}: {result.note}"
+    rate = f"{result.msg_per_s:,.0f} msg/s" if result.msg_per_s is not None else "-"
+    secs = f"{result.seconds:.2f} s" if result.seconds is not None else "-"
+    line = f"{head} {result.status}: {result.received}/{result.sent} at sink, {secs}, {rate}"
+    return f"{line} ({result.note})" if result.note else line
+
+
+def _make_workdir() -> Path:
+    workdir = Path(tempfile.mkdtemp(prefix="mailsluice-bench-"))
+    workdir.chmod(0o755)  # the Postfix instance's users must traverse it
+    return workdir
+
+
+async def run_all(opts: Options) -> list[RunResult]:
+    """Every variant `repeat` times (interleaved), in one fresh work directory."""
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+    workdir = _make_workdir()
+    results: list[RunResult] = []
+    total = opts.repeat * len(opts.via)
+    try:
+        for repeat in range(opts.repeat):
+            for name in opts.via:
+                result = await run_variant(opts, name, repeat, workdir)
+                results.append(result)
+                print(_progress(result, total, len(results)), file=sys.stderr, flush=True)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        if opts.keep_workdir:
+            print(f"work directory kept: {workdir}", file=sys.stderr)
+        else:
+            remove_tree(workdir)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    """Run the relay benchmark; 0 when every variant that ran delivered every message."""
+    try:
+        opts = parse_options(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    machine = machine_info()
+    try:
+        results = asyncio.run(run_all(opts))
+    except KeyboardInterrupt:
+        print("interrupted; every process the benchmark started was stopped", file=sys.stderr)
+        return 130
+    except asyncio.CancelledError:
+        print("terminated; every process the benchmark started was stopped", file=sys.stderr)
+        return 143
+    report = build_report(
+        via=opts.via,
+        parameters={
+            "messages": opts.messages, "sessions": opts.sessions, "size": opts.size,
+            "via": list(opts.via), "repeat": opts.repeat, "timeout_s": opts.timeout,
+            "nginx_worker_processes": opts.nginx_workers, "mailsluice_log": opts.log_kind,
+            "mailsluice_workers": opts.workers,
+            "connection_per_message": not opts.reuse,
+        },
+        machine=machine, started_at=started_at, runs=[asdict(r) for r in results],
+    )  # fmt: skip
+    opts.out.mkdir(parents=True, exist_ok=True)
+    target = opts.out / "relay.json"
+    target.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_table(report))
+    print(f"results written to {target}")
+    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1

@@ -1,0 +1,198 @@
+"""Summaries for the relay benchmark: machine facts, per-variant medians, ratios, the table.
+
+The JSON report is plain data (dicts, lists, numbers, strings) so it can be
+diffed between runs and read by other tools; the table is made from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from mailsluice_lab.processes import find_program
+
+# (numerator, denominator, goal or None): the figures issue 2 asks for come first.
+RATIOS: tuple[tuple[str, str, float | None], ...] = (
+    ("mailsluice", "nginx", 0.5),
+    ("mailsluice", "postfix", 2.0),
+    ("mailsluice-reuse", "nginx", 0.5),  # the same goals with connection reuse on
+    ("mailsluice-reuse", "postfix", 2.0),
+    ("mailsluice-trace", "mailsluice", 0.7),  # issue 5: filtering costs at most 30%
+    ("pyforward", "nginx", None),  # how far any Python relay gets here
+    ("mailsluice", "pyforward", None),
+    ("mailsluice-reuse", "pyforward", None),
+    ("mailsluice", "direct", None),
+    ("nginx", "direct", None),
+    ("postfix", "direct", None),
+)
+
+
+def _first_line_with(path: str, prefix: str) -> str | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _tool_output(argv: list[str]) -> str | None:
+    program = find_program(argv[0])
+    if program is None:
+        return None
+    try:
+        done = subprocess.run(
+            [program, *argv[1:]], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (done.stdout + done.stderr).strip() or None
+
+
+def machine_info() -> dict[str, object]:
+    """Facts about the machine that explain the numbers."""
+    try:
+        proc_version = Path("/proc/version").read_text().strip()
+    except OSError:
+        proc_version = None
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": _first_line_with("/proc/cpuinfo", "model name"),
+        "mem_total": _first_line_with("/proc/meminfo", "MemTotal"),
+        "loadavg_at_start": list(os.getloadavg()),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "proc_version": proc_version,
+        "uvloop_installed": importlib.util.find_spec("uvloop") is not None,
+        "nginx": _tool_output(["nginx", "-v"]),
+        "postfix": _tool_output(["postconf", "-d", "-h", "mail_version"]),
+        "euid": os.geteuid(),
+    }
+
+
+def summarize(runs: Sequence[Mapping[str, object]], via: Sequence[str]) -> dict[str, object]:
+    """Per variant: status, median msg/s over its successful runs, CPU and memory."""
+    summary: dict[str, object] = {}
+    for name in via:
+        mine = [run for run in runs if run["variant"] == name]
+        ok = [run for run in mine if run["status"] == "ok"]
+        rates = [float(str(run["msg_per_s"])) for run in ok if run["msg_per_s"] is not None]
+        cpus = [float(str(run["cpu_seconds"])) for run in ok if run["cpu_seconds"] is not None]
+        rss = [int(str(run["peak_rss_kib"])) for run in ok if run["peak_rss_kib"] is not None]
+        uvloop = {run["uvloop"] for run in ok if run["uvloop"] is not None}
+        summary[name] = {
+            "status": "ok" if ok and len(ok) == len(mine) else (
+                "partial" if ok else (str(mine[-1]["status"]) if mine else "not run")),
+            "runs": len(mine),
+            "runs_ok": len(ok),
+            "msg_per_s_median": round(statistics.median(rates), 1) if rates else None,
+            "msg_per_s_runs": rates,
+            "cpu_seconds_median": round(statistics.median(cpus), 3) if cpus else None,
+            "peak_rss_kib_max": max(rss) if rss else None,
+            "uvloop": uvloop.pop() if len(uvloop) == 1 else None,
+            "notes": sorted({str(run["note"]) for run in mine if run["note"]}),
+        }  # fmt: skip
+    return summary
+
+
+def _rate(summary: Mapping[str, object], name: str) -> float | None:
+    entry = summary.get(name)
+    if not isinstance(entry, Mapping):
+        return None
+    value = entry.get("msg_per_s_median")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def ratios(summary: Mapping[str, object]) -> dict[str, object]:
+    """Throughput ratios between variants (median msg/s), with the goals where there is one."""
+    out: dict[str, object] = {}
+    for top, bottom, goal in RATIOS:
+        a, b = _rate(summary, top), _rate(summary, bottom)
+        value = round(a / b, 3) if a is not None and b is not None else None
+        entry: dict[str, object] = {"value": value}
+        if goal is not None:
+            entry["goal"] = goal
+            entry["met"] = None if value is None else value >= goal
+        out[f"{top}_vs_{bottom}"] = entry
+    return out
+
+
+def build_report(
+    *,
+    via: Sequence[str],
+    parameters: Mapping[str, object],
+    machine: Mapping[str, object],
+    started_at: str,
+    runs: Sequence[Mapping[str, object]],
+) -> dict[str, object]:
+    """The whole relay.json document."""
+    summary = summarize(runs, via)
+    return {
+        "benchmark": "relay",
+        "started_at": started_at,
+        "parameters": dict(parameters),
+        "machine": dict(machine),
+        "summary": summary,
+        "ratios": ratios(summary),
+        "runs": list(runs),
+    }
+
+
+def _fmt(value: object, spec: str, suffix: str = "") -> str:
+    if isinstance(value, int | float):
+        return format(value, spec) + suffix
+    return "-"
+
+
+def format_table(report: Mapping[str, object]) -> str:
+    """A human-readable table of the report's summary and ratios."""
+    params = report["parameters"]
+    summary = report["summary"]
+    assert isinstance(params, Mapping)
+    assert isinstance(summary, Mapping)
+    per = "one connection per message" if params["connection_per_message"] else "reused connections"
+    lines = [
+        f"relay benchmark: {params['messages']} messages x {params['size']} bytes, "
+        f"{params['sessions']} sessions, {per}, {params['repeat']} run(s) per variant, "
+        f"nginx worker_processes {params['nginx_worker_processes']}",
+        f"{'variant':<17}{'status':<9}{'msg/s':>9}{'vs nginx':>10}{'vs postfix':>12}"
+        f"{'cpu s':>8}{'peak RSS':>11}",
+    ]
+    nginx, postfix = _rate(summary, "nginx"), _rate(summary, "postfix")
+    for name, entry in summary.items():
+        assert isinstance(entry, Mapping)
+        rate = _rate(summary, name)
+        vs_nginx = rate / nginx if rate and nginx else None
+        vs_postfix = rate / postfix if rate and postfix else None
+        rss = entry["peak_rss_kib_max"]
+        lines.append(
+            f"{name:<17}{entry['status']!s:<9}{_fmt(rate, ',.0f'):>9}"
+            f"{_fmt(vs_nginx, '.2f', 'x'):>10}{_fmt(vs_postfix, '.2f', 'x'):>12}"
+            f"{_fmt(entry['cpu_seconds_median'], '.1f'):>8}"
+            f"{_fmt(rss / 1024 if isinstance(rss, int) else None, '.1f', ' MiB'):>11}"
+        )
+    ratio_map = report["ratios"]
+    assert isinstance(ratio_map, Mapping)
+    goals = [f"{num}_vs_{den}" for num, den, goal in RATIOS if goal is not None]
+    for key in goals:
+        entry = ratio_map[key]
+        assert isinstance(entry, Mapping)
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[entry["met"]]
+        lines.append(
+            f"{key.replace('_vs_', ' / ')}: {_fmt(entry['value'], '.2f', 'x')} "
+            f"(goal >= {entry['goal']}x: {verdict})"
+        )
+    for name, entry in summary.items():
+        assert isinstance(entry, Mapping)
+        for note in entry["notes"]:
+            lines.append(f"note: {name}: {note}")
+    return "\n".join(lines)

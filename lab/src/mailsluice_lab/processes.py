@@ -1,0 +1,263 @@
+"""Process plumbing for the benchmarks (Linux only).
+
+Free loopback ports, SMTP readiness probes, child processes that are always
+stopped and reaped (even on Ctrl-C), and per-process CPU time and peak memory
+read from /proc. Nothing here talks to any address other than 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+_SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
+
+
+class LabError(Exception):
+    """A benchmark step failed; the message says what went wrong and what to check."""
+
+
+def find_program(name: str) -> str | None:
+    """Return the path of `name` on PATH or in the sbin directories, or None."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    for directory in _SBIN_DIRS:
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path, limit: int = 600) -> str:
+    """The last `limit` characters of a log file, on one line, or '' if unreadable."""
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    return " | ".join(data.decode("utf-8", "replace").split("\n")).strip(" |")
+
+
+async def wait_smtp_ready(
+    port: int, *, timeout: float, died: Callable[[], str | None] | None = None
+) -> None:
+    """Wait until 127.0.0.1:`port` sends an SMTP 220 greeting, then QUIT.
+
+    `died` is polled between attempts; when it returns a reason (the server
+    process exited) the wait stops at once with that reason.
+    """
+    deadline = time.monotonic() + timeout
+    last = "no attempt yet"
+    while time.monotonic() < deadline:
+        if died is not None and (reason := died()) is not None:
+            raise LabError(reason)
+        try:
+            async with asyncio.timeout(5):
+                reader, writer = await asyncio.open_connection(LOOPBACK, port)
+                try:
+                    line = await reader.readline()
+                    if line.startswith(b"220"):
+                        writer.write(b"QUIT\r\n")
+                        await writer.drain()
+                        return
+                    last = f"unexpected greeting {line[:80]!r}"
+                finally:
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        await writer.wait_closed()
+        except (OSError, TimeoutError) as exc:
+            last = str(exc) or type(exc).__name__
+        await asyncio.sleep(0.05)
+    raise LabError(f"nothing answered SMTP on {LOOPBACK}:{port} within {timeout:.0f} s ({last})")
+
+
+def exit_reporter(
+    proc: asyncio.subprocess.Process, what: str, log: Path
+) -> Callable[[], str | None]:
+    """A `died` callback for wait_smtp_ready: reports `proc`'s exit with its log tail."""
+
+    def died() -> str | None:
+        if proc.returncode is None:
+            return None
+        return f"{what} exited with status {proc.returncode} during start-up: {log_tail(log)}"
+
+    return died
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def stop_process(
+    proc: asyncio.subprocess.Process, *, sig: signal.Signals = signal.SIGTERM, grace: float = 10.0
+) -> None:
+    """Signal `proc`, wait up to `grace` seconds, then SIGKILL its process group."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            _killpg(proc.pid, signal.SIGKILL)
+            raise
+    # The child leads its own session (start_new_session), so this also reaches
+    # helpers it forked (nginx workers) and nothing else.
+    _killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def child(
+    argv: Sequence[str],
+    *,
+    log: Path,
+    stdout: Path | None = None,
+    stop_signal: signal.Signals = signal.SIGTERM,
+    grace: float = 10.0,
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run `argv` in its own session, stderr to `log`, stdout to `stdout` or `log`.
+
+    The process is stopped and reaped when the block exits, however it exits.
+    """
+    with log.open("ab") as log_file, (stdout or log).open("ab" if stdout is None else "wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        await stop_process(proc, sig=stop_signal, grace=grace)
+
+
+# --- /proc readings -------------------------------------------------------------
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_after_comm(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state, ppid, ...), or None if the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def is_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    fields = _stat_after_comm(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and all its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_after_comm(int(entry.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree = [root] if _stat_after_comm(root) is not None else []
+    index = 0
+    while index < len(tree):
+        tree.extend(children.get(tree[index], ()))
+        index += 1
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float | None:
+    """User+system CPU of `root`'s tree, including children it has already reaped."""
+    ticks = 0
+    seen = False
+    for pid in process_tree(root):
+        fields = _stat_after_comm(pid)
+        if fields is None:
+            continue
+        seen = True
+        # utime, stime, cutime, cstime are stat fields 14..17 (index 11..14 here).
+        ticks += sum(int(value) for value in fields[11:15])
+    return ticks / _CLK_TCK if seen else None
+
+
+def _status_kib(pid: int, key: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def peak_rss_kib(pid: int) -> int | None:
+    """VmHWM (peak resident set) of one process in KiB."""
+    return _status_kib(pid, "VmHWM")
+
+
+def tree_peak_rss_kib(root: int) -> int | None:
+    """Sum of the per-process peaks (VmHWM) over `root`'s live tree, in KiB."""
+    values = [v for pid in process_tree(root) if (v := peak_rss_kib(pid)) is not None]
+    return sum(values) if values else None
+
+
+def machine_cpu_ticks() -> tuple[int, ...]:
+    """The aggregate `cpu` line of /proc/stat (user nice system idle iowait irq softirq steal)."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return ()
+    return tuple(int(value) for value in first[1:9])
+
+
+def machine_cpu_share(before: tuple[int, ...], after: tuple[int, ...]) -> dict[str, float]:
+    """Percent of all CPUs busy (anything, this benchmark included) and stolen between samples."""
+    if len(before) < 8 or len(after) < 8:
+        return {}
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(delta)
+    if total <= 0:
+        return {}
+    idle = delta[3] + delta[4]
+    return {
+        "busy_pct": round(100 * (total - idle - delta[7]) / total, 1),
+        "steal_pct": round(100 * delta[7] / total, 1),
+    }
+
+
+def maps_mention(pid: int, needle: str) -> bool | None:
+    """Whether a file mapped into `pid` or a descendant (workers) has `needle` in its path.
+
+    None: nothing readable.
+    """
+    seen = None
+    for member in process_tree(pid):
+        try:
+            if needle in Path(f"/proc/{member}/maps").read_text():
+                return True
+            seen = False
+        except OSError:
+            continue
+    return seen
