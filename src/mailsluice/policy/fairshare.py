@@ -25,7 +25,7 @@ directives; the learned limit is ``learned.LearnedLimit``'s.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["FairShare", "Grant", "Reclaim", "Directive"]
@@ -67,13 +67,19 @@ class _Tenant:
 class FairShare:
     """The slots of one destination (see the module docstring)."""
 
-    __slots__ = ("_limit", "_seq", "_tenants", "_tickets", "_weights")
+    __slots__ = ("_limit", "_seq", "_tenants", "_tickets", "_weight")
 
-    def __init__(self, limit: int, weights: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, limit: int, weights: Mapping[str, float] | Callable[[str], float] | None = None
+    ) -> None:
         if limit < 1:
             raise ValueError("a destination's limit is at least 1")
         self._limit = limit
-        self._weights = dict(weights or {})
+        if callable(weights):
+            self._weight: Callable[[str], float] = weights
+        else:
+            table = dict(weights or {})
+            self._weight = lambda tenant: table.get(tenant, 1.0)
         self._tenants: dict[str, _Tenant] = {}
         self._tickets: dict[int, tuple[str, int]] = {}  # ticket -> (tenant, order)
         self._seq = 0  # order of arrival, for the last tie-break
@@ -272,7 +278,7 @@ class FairShare:
             # A tenant (re)joining starts level with the least served, not at zero: no
             # catching up on service it did not ask for while it was away.
             floor = min((t.served for t in self._tenants.values()), default=0.0)
-            record = _Tenant(weight=self._weights.get(tenant, 1.0), served=floor)
+            record = _Tenant(weight=self._weight(tenant), served=floor)
             self._tenants[tenant] = record
         return record
 

@@ -24,30 +24,30 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mailsluice.policy.deferrals import DeferralClass, Rule, classify
-from mailsluice.policy.fairshare import Directive, FairShare, Grant, Reclaim
-from mailsluice.policy.learned import LearnedLimit, LimitRules
+from mailsluice.policy.learned import LimitRules
 from mailsluice.relay.actions import UpstreamState
+from mailsluice.runtime.scheduler import Close, DestKey, Failed, LocalScheduler, Order, Scheduler
 from mailsluice.smtp.replies import Reply
 
 __all__ = ["DestKey", "Destination", "Destinations", "Granted", "Hold", "Idle"]
 
 log = logging.getLogger("mailsluice.destinations")
 
-DestKey = tuple[str, str, int]  # (source address or "", MX address, MX port)
 _QUIT_WAIT = 2.0  # seconds an idle connection's MX has to close after our QUIT
 
 
 class Hold:
-    """One connection counted against its destination's limit."""
+    """One connection counted against its destination's limit, numbered for its life."""
 
-    __slots__ = ("destination", "state", "tenant")
+    __slots__ = ("conn", "destination", "state", "tenant")
 
-    def __init__(self, destination: Destination, tenant: str) -> None:
+    def __init__(self, destination: Destination, tenant: str, conn: int) -> None:
         self.destination = destination
-        self.tenant = tenant
+        self.tenant = tenant  # the tenant as the scheduler knows it
+        self.conn = conn
         self.state = "busy"  # busy, idle, closing, gone
 
 
@@ -67,16 +67,6 @@ class Idle:
 
 #: a grant: an idle connection of the tenant's (None: dial a new one), and its hold
 Granted = Callable[[Idle | None, Hold], None]
-
-
-@dataclass(slots=True)
-class _Stats:
-    grants: int = 0
-    waited: int = 0  # grants that had to wait
-    wait_seconds: float = 0.0
-    peak_in_use: int = 0
-    refusals: int = 0  # capacity refusals seen
-    deferrals: dict[str, int] = field(default_factory=dict)  # by class
 
 
 class _Watch(asyncio.Protocol):
@@ -122,102 +112,84 @@ class _Closing(asyncio.Protocol):
 
 
 class Destination:
-    """One destination's slots, line and idle connections."""
+    """One destination's connections in this worker: its idle ones and its waiters."""
 
-    def __init__(
-        self,
-        key: DestKey,
-        owner: Destinations,
-        limit: LearnedLimit,
-        weights: dict[str, float],
-    ) -> None:
+    def __init__(self, key: DestKey, owner: Destinations) -> None:
         self.key = key
         self._owner = owner
-        self.limit = limit
-        self.share = FairShare(limit.value, weights)
         self.memo: UpstreamState | None = None
-        self.stats = _Stats()
-        self._waiting: dict[int, tuple[Granted, float]] = {}  # ticket -> callback, since
-        self._idle: dict[str, list[Idle]] = {}  # tenant -> its idle connections
-        self._cap_until = 0.0  # a deferral rule's lower limit holds until then
-        self._cap = 0
+        self._waiting: dict[int, tuple[Granted, Callable[[], None] | None]] = {}
+        self._idle: dict[int, Idle] = {}  # conn -> an idle connection kept for its tenant
 
     # ------------------------------------------------------------------ the line
-    def ask(self, tenant: str, ticket: int, granted: Granted) -> None:
-        self._waiting[ticket] = (granted, self._owner.clock())
-        self._apply(self.share.ask(tenant, ticket))
+    def ask(
+        self, tenant: str, ticket: int, granted: Granted, failed: Callable[[], None] | None = None
+    ) -> None:
+        self._waiting[ticket] = (granted, failed)
+        self._owner.scheduler.ask(self.key, self._owner.tenant_key(tenant), ticket)
 
     def cancel(self, ticket: int) -> None:
         if self._waiting.pop(ticket, None) is not None:
-            self._apply(self.share.cancel(ticket))
+            self._owner.scheduler.cancel(self.key, ticket)
 
-    def refused(self, hold: Hold, ticket: int, granted: Granted, *, capacity: bool) -> bool:
-        """The connection of ``hold`` was refused before use. A capacity refusal (said by
-        the MX, or a reset/refusal while others of ours are up) teaches the limit and
-        puts the ticket back first in line: True. Otherwise False (the caller fails)."""
-        others = self.share.in_use - 1
-        if not capacity and others <= 0:
-            self.lost(hold)
-            return False
-        self.stats.refusals += 1
-        value = self.limit.refused(others, self._owner.clock())
-        log.info("destination %s: refused with %d connections up; limit now %d",
-                 _text(self.key), others, value)  # fmt: skip
-        # the lower limit first: the slot freed next must not go to a dial over it
-        self._apply(self.share.set_limit(self._effective(value)))
-        self.lost(hold)
-        self._waiting[ticket] = (granted, self._owner.clock())
-        self._apply(self.share.ask_again(hold.tenant, ticket))
-        return True
+    def refused(
+        self, hold: Hold, ticket: int, granted: Granted, failed: Callable[[], None], *,
+        capacity: bool,
+    ) -> None:  # fmt: skip
+        """The new connection of ``hold`` was refused before use: the scheduler decides
+        (a capacity refusal: back in line, ``granted`` later; else ``failed``)."""
+        hold.state = "gone"
+        self._waiting[ticket] = (granted, failed)
+        self._owner.scheduler.refused(self.key, hold.tenant, ticket, hold.conn, capacity)
+
+    def up(self, hold: Hold) -> None:
+        """The connection of ``hold`` is established."""
+        self._owner.scheduler.up(self.key, hold.tenant, hold.conn)
 
     # ------------------------------------------------------------------ connections
+    def new_hold(self, tenant: str) -> Hold:
+        return Hold(self, tenant, self._owner.next_conn())
+
     def release(self, entry: Idle) -> None:
         """A transaction ended: keep its connection for the tenant (or close it)."""
         hold = entry.hold
-        loop = self._owner.loop
-        now = loop.time()
+        owner = self._owner
+        now = owner.loop.time()
         transport = entry.transport
         if (
-            self._owner.closed
+            owner.closed
             or transport.is_closing()
             or transport.get_write_buffer_size()
-            or now - entry.opened_at >= self._owner.max_age
-            or entry.transactions >= self._owner.max_transactions
+            or now - entry.opened_at >= owner.max_age
+            or entry.transactions >= owner.max_transactions
         ):
-            self._close_busy(entry)
+            hold.state = "closing"
+            owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=False)
+            self._close_politely(entry, say_quit=True)
             return
         transport.set_protocol(_Watch(self, entry))
         entry.idle_since = now
         hold.state = "idle"
-        self._idle.setdefault(hold.tenant, []).append(entry)
-        self._owner.watch_idle()
-        self._apply(self.share.park(hold.tenant))
+        self._idle[hold.conn] = entry
+        owner.watch_idle()
+        owner.scheduler.park(self.key, hold.tenant, hold.conn)
 
     def lost(self, hold: Hold) -> None:
         """A connection is gone for good (whatever its state): its slot is free."""
-        was = hold.state
-        if was == "gone":
+        if hold.state == "gone":
             return
         hold.state = "gone"
-        self._apply(self.share.gone(hold.tenant, was=was))
-        self._owner.forget_if_idle(self)
+        self._idle.pop(hold.conn, None)
+        self._owner.scheduler.gone(self.key, hold.tenant, hold.conn)
 
     def drop_idle(self, entry: Idle, *, say_quit: bool = True) -> None:
         """Close an idle connection (expired, the MX spoke or hung up, shutdown)."""
-        stack = self._idle.get(entry.hold.tenant)
-        if stack is None or entry not in stack:
+        hold = entry.hold
+        if self._idle.pop(hold.conn, None) is None:
             return
-        stack.remove(entry)
-        if not stack:
-            del self._idle[entry.hold.tenant]
-        entry.hold.state = "closing"
-        self.share.closing(entry.hold.tenant, idle=True)
+        hold.state = "closing"
+        self._owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=True)
         self._close_politely(entry, say_quit=say_quit)
-
-    def _close_busy(self, entry: Idle) -> None:
-        entry.hold.state = "closing"
-        self.share.closing(entry.hold.tenant, idle=False)
-        self._close_politely(entry, say_quit=True)
 
     def _close_politely(self, entry: Idle, *, say_quit: bool) -> None:
         """QUIT, then wait (briefly) for the MX to close: only then is the slot free."""
@@ -239,120 +211,72 @@ class Destination:
 
     # ------------------------------------------------------------------ what the MX says
     def accepted(self) -> None:
-        """A transaction was accepted: with every slot busy, the limit may grow."""
-        value = self.limit.accepted(self.share.in_use, self._owner.clock())
-        if value != self.share.limit and not self.limit.fixed:
-            self._apply(self.share.set_limit(self._effective(value)))
+        self._owner.scheduler.accepted(self.key)
 
     def deferred(self, code: int, text: str, rules: tuple[Rule, ...]) -> None:
         kind, response = classify(Reply.make(code, None, text), rules)
-        counts = self.stats.deferrals
-        counts[kind.value] = counts.get(kind.value, 0) + 1
-        if kind is DeferralClass.OTHER or response.limit is None:
-            return
-        now = self._owner.clock()
-        self._cap, self._cap_until = response.limit, now + response.seconds
-        log.warning("destination %s: %s deferral (%s): at most %d connections for %.0f s",
-                    _text(self.key), kind.value, text[:120], response.limit,
-                    response.seconds)  # fmt: skip
-        self._apply(self.share.set_limit(self._effective(self.limit.value)))
+        limit = response.limit if kind is not DeferralClass.OTHER else None
+        self._owner.scheduler.deferred(self.key, kind.value, limit, response.seconds)
 
-    def _effective(self, value: int) -> int:
-        if self._cap and self._owner.clock() < self._cap_until:
-            return max(1, min(value, self._cap))
-        self._cap = 0
-        return value
-
-    # ------------------------------------------------------------------ directives
-    def _apply(self, directives: list[Directive]) -> None:
+    # ------------------------------------------------------------------ the scheduler's orders
+    def apply(self, order: Order) -> None:
         loop = self._owner.loop
-        for directive in directives:
-            if isinstance(directive, Grant):
-                callback, since = self._waiting.pop(directive.ticket)
-                stats = self.stats
-                stats.grants += 1
-                waited = self._owner.clock() - since
-                if waited > 0.001:
-                    stats.waited += 1
-                    stats.wait_seconds += waited
-                stats.peak_in_use = max(stats.peak_in_use, self.share.in_use)
-                if directive.reuse:
-                    entry = self._take_idle(directive.tenant)
-                    loop.call_soon(callback, entry, entry.hold)
-                else:
-                    loop.call_soon(callback, None, Hold(self, directive.tenant))
-            else:
-                assert isinstance(directive, Reclaim)
-                self._reclaim(directive.tenant)
-
-    def _take_idle(self, tenant: str) -> Idle:
-        entry = self._idle[tenant].pop()  # the newest
-        if not self._idle[tenant]:
-            del self._idle[tenant]
-        entry.hold.state = "busy"
-        return entry
-
-    def _reclaim(self, tenant: str) -> None:
-        """The fair share took an idle connection of ``tenant`` for another: close it
-        (the share counts it as closing already)."""
-        entry = self._idle[tenant].pop(0)  # the oldest
-        if not self._idle[tenant]:
-            del self._idle[tenant]
-        entry.hold.state = "closing"
-        self._close_politely(entry, say_quit=True)
+        if isinstance(order, Close):
+            entry = self._idle.pop(order.conn, None)
+            if entry is not None:  # (gone already: its end was reported)
+                entry.hold.state = "closing"
+                self._close_politely(entry, say_quit=True)
+            return
+        waiting = self._waiting.pop(order.ticket, None)
+        if isinstance(order, Failed):
+            if waiting is not None and waiting[1] is not None:
+                loop.call_soon(waiting[1])
+            return
+        if order.conn:
+            entry = self._idle.pop(order.conn, None)
+            if entry is None:  # it died on its way here (reported): ask for a slot again
+                if waiting is not None:
+                    self._waiting[order.ticket] = waiting
+                    self._owner.scheduler.retry(self.key, order.tenant, order.ticket)
+                return
+            entry.hold.state = "busy"
+            if waiting is None:  # the waiter left meanwhile: the connection goes back
+                self.release(entry)
+                return
+            loop.call_soon(waiting[0], entry, entry.hold)
+            return
+        hold = Hold(self, order.tenant, self._owner.next_conn())
+        if waiting is None:
+            self.lost(hold)
+            return
+        loop.call_soon(waiting[0], None, hold)
 
     def sweep(self, now: float, idle_timeout: float) -> bool:
         """Close idle connections older than ``idle_timeout``; True while any is left."""
-        for stack in list(self._idle.values()):
-            for entry in [e for e in stack if now - e.idle_since >= idle_timeout]:
-                self.drop_idle(entry)
+        for entry in [e for e in self._idle.values() if now - e.idle_since >= idle_timeout]:
+            self.drop_idle(entry)
         return bool(self._idle)
 
     def close_idle(self) -> None:
-        for stack in list(self._idle.values()):
-            for entry in list(stack):
-                self.drop_idle(entry)
-
-    def busy(self) -> bool:
-        return bool(self.share.in_use or self._waiting or self._idle)
-
-    def view(self) -> dict[str, object]:
-        """What ``mailsluice destinations`` shows of it."""
-        stats = self.stats
-        return {
-            "destination": _text(self.key),
-            "limit": self.share.limit,
-            "learned": not self.limit.fixed,
-            "in_use": self.share.in_use,
-            "waiting": self.share.waiting(),
-            "tenants": {
-                t: {"busy": b, "idle": i, "waiting": w}
-                for t, (b, i, w) in self.share.tenants().items()
-            },
-            "grants": stats.grants,
-            "waited": stats.waited,
-            "mean_wait_s": round(stats.wait_seconds / stats.waited, 3) if stats.waited else 0,
-            "peak_in_use": stats.peak_in_use,
-            "capacity_refusals": stats.refusals,
-            "deferrals": dict(stats.deferrals),
-        }
-
-
-def _text(key: DestKey) -> str:
-    source, host, port = key
-    mx = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"{mx} from {source}" if source else mx
+        for entry in list(self._idle.values()):
+            self.drop_idle(entry)
 
 
 class Destinations:
-    """Every destination of this proxy (see the module docstring)."""
+    """Every destination of this worker (see the module docstring).
+
+    ``scheduler`` decides (``runtime.scheduler``): a ``LocalScheduler`` made here when
+    this process is alone, or the broker's client with several workers (``attach``);
+    its orders come back through ``deliver``. ``worker`` numbers this worker: tenants are
+    then known to the scheduler as ``tenant@worker`` and connection numbers are unique
+    in the host."""
 
     def __init__(
         self,
         *,
         rules: LimitRules,
         fixed: Callable[[DestKey], int | None],
-        weights: dict[str, float],
+        weight: Callable[[str], float],
         idle_timeout: float,
         max_age: float,
         max_transactions: int,
@@ -360,20 +284,33 @@ class Destinations:
         remembered: dict[DestKey, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._rules = rules
-        self._fixed = fixed
-        self._weights = weights
         self.idle_timeout = idle_timeout
         self.max_age = max_age
         self.max_transactions = max_transactions
         self._forget_outbound = forget_outbound
-        self._remembered = dict(remembered or {})
         self.clock = clock
+        self.worker: int | None = None
+        self.scheduler: Scheduler = LocalScheduler(
+            rules=rules, fixed=fixed, weight=weight, deliver=self.deliver, clock=clock,
+            remembered=remembered,
+        )  # fmt: skip
         self._all: dict[DestKey, Destination] = {}
         self._tickets = 0
+        self._conns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
+
+    def attach(self, scheduler: Scheduler, worker: int) -> None:
+        """Use the host's scheduler (several workers) instead of this process's own."""
+        self.scheduler = scheduler
+        self.worker = worker
+
+    @property
+    def local(self) -> LocalScheduler | None:
+        """This process's own scheduler (its views, its learned limits), if it has one."""
+        scheduler = self.scheduler
+        return scheduler if isinstance(scheduler, LocalScheduler) else None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -385,32 +322,27 @@ class Destinations:
     def get(self, key: DestKey) -> Destination:
         destination = self._all.get(key)
         if destination is None:
-            fixed = self._fixed(key)
-            limit = LearnedLimit(self._rules, fixed=fixed, remembered=self._remembered.get(key))
-            destination = self._all[key] = Destination(key, self, limit, self._weights)
+            destination = self._all[key] = Destination(key, self)
         return destination
 
-    def peek(self, key: DestKey) -> Destination | None:
-        return self._all.get(key)
+    def deliver(self, key: DestKey, order: Order) -> None:
+        """An order of the scheduler for one of this worker's destinations."""
+        self.get(key).apply(order)
+
+    def tenant_key(self, tenant: str) -> str:
+        return tenant if self.worker is None else f"{tenant}@{self.worker}"
 
     def ticket(self) -> int:
         self._tickets += 1
         return self._tickets
 
+    def next_conn(self) -> int:
+        self._conns += 1
+        return self._conns if self.worker is None else (self.worker + 1) << 40 | self._conns
+
     def forget_outbound(self, pair: tuple[str, int, str, int] | None) -> None:
         if pair is not None:
             self._forget_outbound(pair)
-
-    def forget_if_idle(self, destination: Destination) -> None:
-        """Keep what was learned, drop the rest of a destination nobody uses."""
-        if not destination.busy():
-            self._remembered[destination.key] = destination.limit.value
-
-    def learned(self) -> dict[DestKey, int]:
-        """Every learned limit (to remember across restarts)."""
-        out = dict(self._remembered)
-        out.update({k: d.limit.value for k, d in self._all.items() if not d.limit.fixed})
-        return out
 
     def watch_idle(self) -> None:
         if self._sweeper is None and not self.closed:
@@ -434,4 +366,9 @@ class Destinations:
             destination.close_idle()
 
     def views(self) -> list[dict[str, object]]:
-        return [d.view() for d in self._all.values()]
+        local = self.local
+        return local.views() if local is not None else []
+
+    def learned(self) -> dict[DestKey, int]:
+        local = self.local
+        return local.learned() if local is not None else {}

@@ -425,26 +425,25 @@ class ConnectionHandler:
         self._jobs.add(partial(self.mx.connect, self._relay_open))
 
     def _requeue(self, reason: str, *, capacity: bool) -> None:
-        """The connection was refused before use: back in line if it was for capacity."""
+        """The connection was refused before use: the scheduler puts the transaction back
+        in line if it was for capacity (``_granted`` later), else it fails."""
         hold, destination, fair = self.mx.let_go(), self._destination, self._services.destinations
         if hold is None or destination is None or fair is None:
             self._feed_soon(ev.ServerConnectFailed(reason))
             return
         self._ticket = fair.ticket()
-        if not destination.refused(hold, self._ticket, self._granted, capacity=capacity):
-            self._ticket = None
-            self._feed_soon(ev.ServerConnectFailed(reason))
+        failed = partial(self._refusal_failed, ev.ServerConnectFailed(reason))
+        destination.refused(hold, self._ticket, self._granted, failed, capacity=capacity)
 
     def _dial_refused(self, reason: str) -> bool:
-        """A dial refused or reset: capacity when other connections of ours are up."""
-        hold, destination, fair = self.mx.let_go(), self._destination, self._services.destinations
-        if hold is None or destination is None or fair is None:
-            return False
-        self._ticket = fair.ticket()
-        if destination.refused(hold, self._ticket, self._granted, capacity=False):
-            return True
+        """A dial refused or reset: the scheduler judges (capacity when other connections
+        of ours are up); always handled here."""
+        self._requeue(reason, capacity=False)
+        return True
+
+    def _refusal_failed(self, event: ev.Event) -> None:
         self._ticket = None
-        return False
+        self._feed(event)
 
     def _feed_soon(self, event: ev.Event) -> None:
         """An event for the relay on the loop's next turn (never inside its own step)."""

@@ -123,6 +123,8 @@ class MxLeg:
         self.transport = transport
         self._source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
         self._opened_at, self._sessions = services.loop.time(), 0
+        if self.hold is not None:  # fair sharing: the MX has one more of ours
+            self.hold.destination.up(self.hold)
         side = self._protocol()
         transport.set_protocol(side)
         self._feed(ev.ServerConnected(self._source))

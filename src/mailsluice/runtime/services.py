@@ -18,6 +18,7 @@ import itertools
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -85,6 +86,10 @@ class ConnectionServices(Protocol):
     def ended(self, connection: Registered) -> None: ...
 
 
+def _weights(table: dict[str, float]) -> Callable[[str], float]:
+    return lambda tenant: table.get(tenant, 1.0)
+
+
 class Services:
     """The proxy's services for its connections (one per worker)."""
 
@@ -108,7 +113,8 @@ class Services:
         if fair.enabled:
             self.destinations = Destinations(
                 rules=fair.limits, fixed=lambda key: fair.fixed_limit(key[1]),
-                weights=fair.weights(), idle_timeout=fair.idle_timeout, max_age=fair.max_age,
+                weight=_weights(fair.weights()), idle_timeout=fair.idle_timeout,
+                max_age=fair.max_age,
                 max_transactions=fair.max_transactions, forget_outbound=admission.outbound.discard,
                 remembered=remembered,
             )  # fmt: skip
