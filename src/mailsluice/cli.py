@@ -199,11 +199,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     listen: list[str] | None = getattr(args, "listen", None)  # repeatable
     if listen:
         flags["listen"] = listen[0] if len(listen) == 1 else listen
-    if getattr(args, "fair_sharing", None) is False:
-        flags["fair"] = replace(settings.fair, enabled=False)
     if getattr(args, "allow", None):
         flags["allow"] = list(args.allow)
     settings = settings_from_mapping(flags, settings) if flags else settings
+    if getattr(args, "fair_sharing", None) is False:  # the file's other fair settings kept
+        settings = replace(settings, fair=replace(settings.fair, enabled=False))
     if getattr(args, "verbose", False):
         settings = replace(settings, verbose=True)
     return settings

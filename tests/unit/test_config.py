@@ -180,3 +180,13 @@ def test_connection_reuse_keys_and_flag(tmp_path: Path) -> None:
     flags = settings_from_args(build_parser().parse_args(["serve", "--reuse-connections"]))
     assert flags.reuse_connections is True
     assert settings_from_args(build_parser().parse_args(["serve"])).reuse_connections is False
+
+
+def test_no_fair_sharing_flag_turns_it_off_and_keeps_the_files_settings(tmp_path: Path) -> None:
+    config = tmp_path / "m.toml"
+    config.write_text("[fair_sharing]\nhold_max = 30\n")
+    on = settings_from_args(build_parser().parse_args(["serve", "--config", str(config)]))
+    assert (on.fair.enabled, on.fair.hold_max) == (True, 30.0)
+    argv = ["serve", "--config", str(config), "--no-fair-sharing", "--workers", "2"]
+    off = settings_from_args(build_parser().parse_args(argv))
+    assert (off.fair.enabled, off.fair.hold_max, off.workers) == (False, 30.0, 2)
