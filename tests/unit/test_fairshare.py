@@ -123,6 +123,18 @@ def test_cancel_and_bad_facts() -> None:
         FairShare(limit=0)
 
 
+def test_a_tenant_that_leaves_frees_its_slots_and_tickets() -> None:
+    share = FairShare(limit=2)
+    share.ask("a", 1)
+    share.ask("a", 2)
+    share.ask("a", 3)
+    share.ask("b", 4)
+    assert share.park("a") == [Reclaim("a")]  # for b
+    assert share.leave("a") == [Grant(4, "b", reuse=False)]
+    assert (share.in_use, share.waiting(), share.tenants()) == (1, 0, {"b": (1, 0, 0)})
+    assert share.leave("a") == []
+
+
 TENANTS = ("a", "b", "c", "d")
 
 
@@ -205,6 +217,13 @@ class Destination(RuleBasedStateMachine):
         if held[tenant]:
             held[tenant] -= 1
             self.apply(self.share.gone(tenant, was=state))
+
+    @rule(tenant=st.sampled_from(TENANTS))
+    def tenant_leaves(self, tenant: str) -> None:
+        """Its worker stopped: its tickets and connections are gone at once."""
+        self.busy[tenant] = self.idle[tenant] = self.closing[tenant] = 0
+        self.waiting = {t: n for t, n in self.waiting.items() if n != tenant}
+        self.apply(self.share.leave(tenant))
 
     @rule(limit=st.integers(1, 5))
     def limit_changes(self, limit: int) -> None:

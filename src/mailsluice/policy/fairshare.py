@@ -180,6 +180,16 @@ class FairShare:
         self._forget_if_done(tenant)
         return self._fill()
 
+    def leave(self, tenant: str) -> list[Directive]:
+        """``tenant`` is gone with everything it had (its waiting tickets, and its
+        connections, which are closed: the worker holding them stopped)."""
+        record = self._tenants.pop(tenant, None)
+        if record is None:
+            return []
+        for ticket in record.waiting:
+            del self._tickets[ticket]
+        return self._fill()
+
     def set_limit(self, limit: int) -> list[Directive]:
         """A new limit (configured, or learned). Lowered, no connection is taken away:
         the excess drains as transactions end (their connections are not kept)."""
