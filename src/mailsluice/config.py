@@ -104,6 +104,8 @@ class Settings:
     # the destinations' state (``mailsluice destinations``, learned limits kept across
     # restarts); None: ``destinations.json`` beside a file log, else not written
     state_file: str | None = None
+    # set by the supervisor: the workers share the broker's scheduler (not a setting)
+    shared_fair: bool = False
 
     @property
     def listen_addresses(self) -> tuple[HostPort, ...]:

@@ -32,7 +32,7 @@ def test_a_worker_failing_at_start_stops_the_supervisor(tmp_path: Path) -> None:
         from pathlib import Path
         from mailsluice.runtime.workers import supervise
         here = Path({str(tmp_path)!r})
-        def work():
+        def work(number=0):
             try:
                 os.close(os.open(here / "first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
@@ -65,7 +65,7 @@ def test_a_worker_stopped_right_after_fork_stops(tmp_path: Path) -> None:
             return real_signal(signum, handler)
         signal.signal = stop_arrives_now
         signal.alarm(2)  # the supervisor gives up (SIGALRM) if the worker never stops
-        def work():
+        def work(number=0):
             with open({str(marker)!r}, "a") as f:
                 f.write("served\\n")
             signal.pause()
@@ -86,7 +86,7 @@ def test_a_worker_that_exits_is_restarted_then_all_stop_on_sigterm(tmp_path: Pat
         from pathlib import Path
         from mailsluice.runtime.workers import supervise
         marker = Path({str(marker)!r})
-        def work():
+        def work(number=0):
             with marker.open("a") as f:
                 f.write("run\\n")
             runs = len(marker.read_text().splitlines())
@@ -109,7 +109,7 @@ def test_supervisor_ignores_children_that_are_not_workers() -> None:
         import os, signal, subprocess, time
         from mailsluice.runtime.workers import supervise
         foreign = subprocess.Popen(["sleep", "0.1"])  # not a worker: its exit is ignored
-        def work():
+        def work(number=0):
             time.sleep(0.5)
             os.kill(os.getppid(), signal.SIGTERM)
             signal.pause()
@@ -127,7 +127,7 @@ def test_supervisor_returns_when_its_workers_were_reaped_elsewhere() -> None:
         import signal, time
         from mailsluice.runtime.workers import supervise
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child
-        def work():
+        def work(number=0):
             time.sleep(0.2)
             return 0
         print("status", supervise(2, work))

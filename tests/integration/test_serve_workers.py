@@ -4,6 +4,7 @@ holds every session, SIGTERM ends everything cleanly."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import smtplib
 import socket
@@ -38,6 +39,18 @@ def _wait_for_greeting(port: int, proc: subprocess.Popen[bytes], timeout: float)
     raise AssertionError("mailsluice serve did not start listening")
 
 
+def _wait_for_workers(proc: subprocess.Popen[bytes], count: int) -> str:
+    """The output until ``count`` workers said they listen (every socket of the port's
+    group open, so the kernel steers by the client's address from now on)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while "".join(seen).count("mailsluice listening on") < count:  # lines may interleave
+        line = proc.stdout.readline().decode()
+        assert line, "mailsluice serve exited early:\n" + "".join(seen)
+        seen.append(line)
+    return "".join(seen)
+
+
 def _serve(*args: str) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "mailsluice", "serve", *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -70,3 +83,81 @@ async def test_two_workers_relay_log_and_stop(tmp_path: Path) -> None:
     delivered = [s for s in sessions if s["messages"] == 1]
     assert len(delivered) == 20
     assert {s["final_code"] for s in delivered} == {221}
+
+
+def _send_from(source: str, port: int, count: int) -> None:
+    for n in range(count):
+        with smtplib.SMTP("127.0.0.1", port, timeout=30, source_address=(source, 0)) as smtp:
+            smtp.sendmail(f"s{n}@{source}", [f"r{n}@example.org"], f"Subject: {n}\r\n\r\nbody\r\n")
+
+
+async def test_two_workers_hold_one_destination_limit_for_the_host(tmp_path: Path) -> None:
+    """The broker schedules for both workers: eight tenants spread over two workers
+    never have more than the destination's two connections open at the MX at once."""
+    log = tmp_path / "sessions.db"
+    config = tmp_path / "mailsluice.toml"
+    config.write_text('[[destinations]]\nmatch = "127.0.0.1"\nmax_connections = 2\n')
+    sources = [f"127.0.0.{n}" for n in range(2, 10)]
+    async with ScriptedMX(data_reply_delay=0.05) as mx:
+        port = _free_port()
+        proc = _serve(
+            "--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{port}",
+            "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",
+        )  # fmt: skip
+        started = ""
+        try:
+            started = await asyncio.wait_for(asyncio.to_thread(_wait_for_workers, proc, 2), 20)
+            async with asyncio.TaskGroup() as group:
+                for source in sources:
+                    group.create_task(asyncio.to_thread(_send_from, source, port, 3))
+            await mx.ledger.wait_for(24, timeout=10)
+            state = tmp_path / "destinations.json"
+            deadline = time.monotonic() + 10
+            while not state.exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # the broker writes it every few seconds
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            output = started + (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
+        assert proc.returncode == 0, output
+        assert mx.peak["127.0.0.1"] == 2, (mx.peak, output)  # the limit, and all of it used
+    assert state.exists(), "the broker wrote no state file"
+    sessions = list_sessions(f"sqlite:{log}", 0)
+    assert sum(s["messages"] for s in sessions) == 24
+    # a session id starts with its worker's run id: a tenant stays with one worker
+    # (steered by its address), and the eight tenants used both workers
+    worker_of = {s["client"].rsplit(":", 1)[0]: s["id"].split("-")[0] for s in sessions}
+    for session in sessions:
+        assert worker_of[session["client"].rsplit(":", 1)[0]] == session["id"].split("-")[0]
+    assert set(worker_of) == set(sources)
+    assert len(set(worker_of.values())) == 2
+
+
+async def test_workers_restart_with_a_broker_that_died(tmp_path: Path) -> None:
+    """Without the broker a worker cannot share fairly: it stops gracefully and is
+    started again with the broker the supervisor restarted; mail flows again."""
+    async with ScriptedMX() as mx:
+        port = _free_port()
+        proc = _serve(
+            "--workers", "2", "--listen", f"127.0.0.1:{port}",
+            "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{tmp_path / 'log.db'}",
+        )  # fmt: skip
+        started = ""
+        try:
+            started = await asyncio.wait_for(asyncio.to_thread(_wait_for_workers, proc, 2), 20)
+            children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            children = (await asyncio.to_thread(children_file.read_text)).split()
+            assert len(children) == 3, children  # the broker (started first) and two workers
+            await asyncio.sleep(5.5)  # (dead in its first 5 s, it would count as a start failure)
+            os.kill(min(map(int, children)), signal.SIGKILL)
+            restarted = await asyncio.wait_for(asyncio.to_thread(_wait_for_workers, proc, 2), 20)
+            started += restarted
+            for n in range(4):
+                await asyncio.to_thread(_send, port, n)
+            await mx.ledger.wait_for(4, timeout=10)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            output = started + (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
+        assert "the broker (pid" in output, output
+        assert "restarting it" in output, output
+        assert "the fair-sharing broker went away" in output, output
+        assert proc.returncode == 0, output

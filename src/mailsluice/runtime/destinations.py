@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from mailsluice.policy.deferrals import DeferralClass, Rule, classify
 from mailsluice.policy.learned import LimitRules
 from mailsluice.relay.actions import UpstreamState
-from mailsluice.runtime.scheduler import Close, DestKey, Failed, LocalScheduler, Order, Scheduler
+from mailsluice.runtime.scheduler import (
+    Close,
+    DestKey,
+    Failed,
+    LocalScheduler,
+    Order,
+    Scheduler,
+    numbered,
+    tenant_key,
+)
 from mailsluice.smtp.replies import Reply
 
 __all__ = ["DestKey", "Destination", "Destinations", "Granted", "Hold", "Idle"]
@@ -330,15 +339,15 @@ class Destinations:
         self.get(key).apply(order)
 
     def tenant_key(self, tenant: str) -> str:
-        return tenant if self.worker is None else f"{tenant}@{self.worker}"
+        return tenant_key(tenant, self.worker)
 
     def ticket(self) -> int:
         self._tickets += 1
-        return self._tickets
+        return numbered(self.worker, self._tickets)
 
     def next_conn(self) -> int:
         self._conns += 1
-        return self._conns if self.worker is None else (self.worker + 1) << 40 | self._conns
+        return numbered(self.worker, self._conns)
 
     def forget_outbound(self, pair: tuple[str, int, str, int] | None) -> None:
         if pair is not None:

@@ -11,11 +11,13 @@ spare is lost, retry ``accept()`` at 100% CPU for as long as the shortage lasts.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import logging
 import os
 import resource
 import socket
+import struct
 from collections.abc import Callable, Sequence
 
 from mailsluice.policy import limits
@@ -151,6 +153,34 @@ def _fix_for(error: int | None) -> str:
     if error is not None and error < 0:  # getaddrinfo
         return "check the host name, or write an IP address"
     return "check the listen setting"
+
+
+_SO_ATTACH_REUSEPORT_CBPF = 51  # <asm-generic/socket.h>
+_SKF_NET_OFF = -0x100000  # <linux/filter.h>: loads relative to the network header
+
+
+def steer_by_source(sock: socket.socket, workers: int) -> None:
+    """Send every connection of one client address to the same worker (a classic BPF
+    program on the SO_REUSEPORT group: the source address modulo the workers), so that a
+    tenant's connections, and the idle MX connections kept for it, live in one worker.
+    Without it (an old kernel) the kernel spreads connections as usual; fair sharing
+    still holds, with a tenant counted once per worker it reaches."""
+    # IPv4: the source address is at offset 12 of the IP header; IPv6: its last 32 bits
+    # are at offset 20
+    offset = 12 if sock.family == socket.AF_INET else 20
+    program = [
+        (0x20, 0, 0, (_SKF_NET_OFF + offset) & 0xFFFFFFFF),  # ld [net + offset]
+        (0x94, 0, 0, workers),  # A %= workers
+        (0x16, 0, 0, 0),  # ret A: the index of the socket in the group
+    ]
+    code = b"".join(struct.pack("HBBI", *insn) for insn in program)
+    buffer = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HxxxxxxQ", len(program), ctypes.addressof(buffer))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_REUSEPORT_CBPF, fprog)
+    except OSError as exc:
+        log.warning("cannot keep a client's connections in one worker (%s); "
+                    "fair sharing counts a tenant once per worker instead", exc)  # fmt: skip
 
 
 def _bound(

@@ -26,11 +26,37 @@ from typing import Protocol
 from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
 from mailsluice.policy.learned import LearnedLimit, LimitRules
 
-__all__ = ["Failed", "LocalScheduler", "Order", "Scheduler"]
+__all__ = [
+    "Failed",
+    "LocalScheduler",
+    "Order",
+    "Scheduler",
+    "numbered",
+    "tenant_key",
+    "worker_of",
+]
 
 log = logging.getLogger("mailsluice.scheduler")
 
 DestKey = tuple[str, str, int]  # (source address or "", MX address, MX port)
+
+_WORKER_SHIFT = 40
+
+
+def numbered(worker: int | None, count: int) -> int:
+    """A ticket or connection number unique in the host: with several workers, the
+    worker's number (+1) in the high bits."""
+    return count if worker is None else (worker + 1) << _WORKER_SHIFT | count
+
+
+def worker_of(number: int) -> int:
+    """The worker a ticket or connection number belongs to (-1: the only process)."""
+    return (number >> _WORKER_SHIFT) - 1
+
+
+def tenant_key(tenant: str, worker: int | None) -> str:
+    """The tenant as the scheduler knows it: ``tenant@worker`` with several workers."""
+    return tenant if worker is None else f"{tenant}@{worker}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +261,20 @@ class LocalScheduler:
         if not destination.idle.get(tenant, True):
             del destination.idle[tenant]
         self._run(key, destination, destination.share.gone(tenant, was=was))
+
+    def forget_worker(self, worker: int) -> None:
+        """A worker stopped: its tickets and connections (closed with it) are gone,
+        and the slots they held go to the others."""
+        suffix = f"@{worker}"
+        for key, destination in self._all.items():
+            for name in [n for n in destination.share.tenants() if n.endswith(suffix)]:
+                destination.idle.pop(name, None)
+                self._run(key, destination, destination.share.leave(name))
+            destination.asked = {
+                t: at for t, at in destination.asked.items() if worker_of(t) != worker
+            }
+            for conns in (destination.busy, destination.up, destination.closing):
+                conns.difference_update({c for c in conns if worker_of(c) == worker})
 
     # ------------------------------------------------------------------ the MX's answers
     def accepted(self, key: DestKey) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
@@ -33,16 +34,18 @@ from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
 from mailsluice.runtime import startup
 from mailsluice.runtime.admission import Admission
+from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
 from mailsluice.runtime.handler import ClientProtocol
 from mailsluice.runtime.listener import (
     Listener,
     address_text,
     listening_sockets,
+    steer_by_source,
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
-from mailsluice.runtime.workers import hangup_ignored, log_hangup, supervise
+from mailsluice.runtime.workers import RESTART, hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog import LogWriter, open_log
 from mailsluice.sessionlog.fanout import LogFanout
 
@@ -103,7 +106,10 @@ class Proxy:
         self.settings = settings
         self._own_writer = log_writer is None
         self.log_writer = log_writer or open_sinks(settings)
-        self._state_path = state_path(settings.state_file, settings.log)
+        # the state file is the broker's when several workers share it (shared_fair)
+        self._state_path = (
+            None if settings.shared_fair else state_path(settings.state_file, settings.log)
+        )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
         self.services = _services(settings, self.log_writer, chain, remembered)
         self._state: StateFile | None = None
@@ -148,6 +154,9 @@ class Proxy:
         listen = [(a.host, a.port) for a in self.settings.listen_addresses]
         try:  # every address, or none (the error names the address and the fix)
             socks = await listening_sockets(listen, reuse_port=self.settings.workers > 1)
+            if self.settings.shared_fair:  # a tenant's connections stay in one worker
+                for sock in socks:
+                    steer_by_source(sock, self.settings.workers)
         except OSError:
             await self._group.__aexit__(None, None, None)
             self.log_writer.close()
@@ -210,20 +219,35 @@ class Proxy:
             log.warning("session log: %d records dropped", self.log_writer.dropped)
 
 
-async def serve(settings: Settings) -> int:
-    """Run until SIGTERM/SIGINT, then shut down gracefully."""
+async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> int:
+    """Run until SIGTERM/SIGINT, then shut down gracefully. ``shared``: the broker's
+    address and this worker's number, when several workers share the fair scheduler."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    broker_lost = False
+
+    def lost() -> None:
+        nonlocal broker_lost
+        if not stop.is_set():
+            log.error("the fair-sharing broker went away: this worker stops and restarts")
+            broker_lost = True
+            stop.set()
+
     async with Proxy(settings) as proxy:
+        destinations = proxy.services.destinations
+        if shared is not None and destinations is not None:
+            address, worker = shared
+            client = await BrokerClient.connect(address, worker, destinations.deliver, lost)
+            destinations.attach(client, worker)
         # after the log writer's process is started, so that it inherits SIGHUP ignored
         loop.add_signal_handler(signal.SIGHUP, log_hangup)
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         await stop.wait()
         log.info("shutting down: %d connections open", len(proxy.services.connections))
         await proxy.shutdown()
-    return 0
+    return RESTART if broker_lost else 0
 
 
 def run(settings: Settings) -> int:
@@ -244,10 +268,24 @@ def _run(settings: Settings) -> int:
     open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
-    return supervise(settings.workers, lambda: _run_one(settings))
+    fair = settings.fair
+    if not fair.enabled:
+        return supervise(settings.workers, lambda number: _run_one(settings))
+    address = broker_address(os.getpid())
+    weights = fair.weights()
+    state = state_path(settings.state_file, settings.log)
+
+    def broker() -> int:
+        return run_broker(
+            address, fair.limits, lambda key: fair.fixed_limit(key[1]),
+            lambda tenant: weights.get(tenant, 1.0), state, settings.shutdown_grace,
+        )  # fmt: skip
+
+    settings = replace(settings, state_file=None, shared_fair=True)
+    return supervise(settings.workers, lambda number: _run_one(settings, (address, number)), broker)
 
 
-def _run_one(settings: Settings) -> int:
+def _run_one(settings: Settings, shared: tuple[str, int] | None = None) -> int:
     try:
         import uvloop
     except ImportError:
@@ -255,5 +293,5 @@ def _run_one(settings: Settings) -> int:
     else:
         have_uvloop = True
     if not have_uvloop:  # outside the ``except``: errors logged later must not chain to it
-        return asyncio.run(serve(settings))
-    return int(uvloop.run(serve(settings)))
+        return asyncio.run(serve(settings, shared))
+    return int(uvloop.run(serve(settings, shared)))

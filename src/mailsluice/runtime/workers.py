@@ -5,7 +5,8 @@ any event loop or thread exists; each runs its own ``Proxy`` on the same address
 kernel spreads new connections over them) with its own log writer thread writing to the
 same SQLite file (WAL, one short transaction per batch). The parent only supervises: it
 forwards SIGTERM/SIGINT, so every worker shuts down gracefully, and it restarts a worker
-that dies unexpectedly (at most once a second).
+that dies unexpectedly (at most once a second). With fair sharing across workers it
+first starts the broker (``broker``), restarted like a worker.
 
 SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) stops nothing: reloading is
 not supported yet, so the supervisor and every worker ignore it and log that they did
@@ -33,6 +34,9 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 #: held back across fork(): the new worker must not run the supervisor's handlers
 _FORK_BLOCKED = {*_STOP_SIGNALS, signal.SIGHUP}
+#: a worker's exit code for "start me again" (EX_TEMPFAIL): not a failure at start even
+#: if it comes early (the broker went away and was restarted meanwhile)
+RESTART = 75
 HANGUP_NOTICE = (
     "SIGHUP ignored: reloading the configuration is not supported yet "
     "(restart mailsluice to apply a change)"
@@ -69,8 +73,12 @@ def _stop_with_parent(supervisor: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def supervise(count: int, work: Callable[[], int]) -> int:
-    """Fork ``count`` workers running ``work`` and wait for them; returns the exit code."""
+def supervise(
+    count: int, work: Callable[[int], int], helper: Callable[[], int] | None = None
+) -> int:
+    """Fork ``count`` workers running ``work(number)`` and wait for them; returns the exit
+    code. ``helper`` (the fair-sharing broker) runs in a process of its own, started
+    first and restarted like a worker (it is number -1)."""
     stopping = False
     supervisor = os.getpid()
     children: dict[int, int] = {}  # pid -> worker number
@@ -93,7 +101,10 @@ def supervise(count: int, work: Callable[[], int]) -> int:
             _stop_with_parent(supervisor)
             code = 1
             try:
-                code = work()
+                code = helper() if number < 0 and helper is not None else work(number)
+            except BaseException:
+                what = "the broker" if number < 0 else f"worker {number}"
+                log.exception("%s failed", what)
             finally:
                 sys.stdout.flush()
                 os._exit(code)
@@ -113,6 +124,8 @@ def supervise(count: int, work: Callable[[], int]) -> int:
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, log_hangup)
     status_code = 0
     try:
+        if helper is not None:
+            spawn(-1)
         for number in range(count):
             spawn(number)
         while children:
@@ -127,12 +140,16 @@ def supervise(count: int, work: Callable[[], int]) -> int:
             if stopping:
                 status_code = max(status_code, code if code > 0 else 0)
                 continue
-            if code != 0 and time.monotonic() - last_start[number] < 5.0:
+            # a failure soon after start is a start failure (a bad setting, say): starting
+            # again would fail again. RESTART asks to be started again, and is not one.
+            early = time.monotonic() - last_start[number] < 5.0
+            if early and code not in (0, RESTART):
                 log.error("worker %d failed at start (exit %d); stopping", number, code)
                 status_code = code
                 forward(signal.SIGTERM, None)
                 continue
-            log.error("worker %d (pid %d) exited with %d; restarting it", number, pid, code)
+            what = "the broker" if number < 0 else f"worker {number}"
+            log.error("%s (pid %d) exited with %d; restarting it", what, pid, code)
             spawn(number)
     finally:
         for signum, handler in previous.items():
