@@ -291,8 +291,10 @@ class ConnectionHandler:
                 self._feed(ev.ClientClosed())
         elif self.mx.transport is not None:
             self.mx.transport = None
-            self._let_go()
+            # The relay first: a connection lost during its set-up goes back in line
+            # (``Requeue``), which needs the slot it held; otherwise the slot is free.
             self._feed(ev.ServerClosed(reason))
+            self._let_go()
 
     def on_write_paused(self, to_client: bool, paused: bool) -> None:
         other = self.mx.transport if to_client else self._client
