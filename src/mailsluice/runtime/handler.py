@@ -162,7 +162,6 @@ class ConnectionHandler:
             self._destination = fair.get(key)
             self._tenant = services.tenant_of(peer[0])
             cached = self._destination.memo
-            self.mx.refused = self._dial_refused
         reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
         self.relay = Relay(
             config=services.relay_config,
@@ -436,17 +435,6 @@ class ConnectionHandler:
         if not destination.refused(hold, self._ticket, self._granted, capacity=capacity):
             self._ticket = None
             self._feed_soon(ev.ServerConnectFailed(reason))
-
-    def _dial_refused(self, reason: str) -> bool:
-        """A dial refused or reset: capacity when other connections of ours are up."""
-        hold, destination, fair = self.mx.let_go(), self._destination, self._services.destinations
-        if hold is None or destination is None or fair is None:
-            return False
-        self._ticket = fair.ticket()
-        if destination.refused(hold, self._ticket, self._granted, capacity=False):
-            return True
-        self._ticket = None
-        return False
 
     def _feed_soon(self, event: ev.Event) -> None:
         """An event for the relay on the loop's next turn (never inside its own step)."""
