@@ -164,6 +164,7 @@ async def test_the_learned_limit_is_kept_across_a_restart(proxy_factory, tmp_pat
             assert destination_of(proxy).share.limit == 2
         refused = mx.refused_over_limit
         assert refused >= 1, "nothing was learned: the test tests nothing"
+        await mx.wait_sessions_done(len(mx.sessions))  # the old proxy's QUITs are done
         state = json.loads((tmp_path / "destinations.json").read_text())
         assert state["learned"] == [["", "127.0.0.1", mx.port, 2]]
         async with proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=fair()) as proxy:
