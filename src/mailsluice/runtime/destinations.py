@@ -386,7 +386,8 @@ class Destinations:
         destination = self._all.get(key)
         if destination is None:
             fixed = self._fixed(key)
-            limit = LearnedLimit(self._rules, fixed=fixed, remembered=self._remembered.get(key))
+            limit = LearnedLimit(self._rules, fixed=fixed, remembered=self._remembered.get(key),
+                                 now=self.clock())  # fmt: skip
             destination = self._all[key] = Destination(key, self, limit, self._weights)
         return destination
 
