@@ -370,3 +370,32 @@ def test_a_failed_dial_the_shell_will_not_retry_is_421_4_4_1() -> None:
         << act.CloseClient()
     )
     assert book
+
+
+SHUTTING_DOWN = b"421 4.3.2 mailsluice Service shutting down, try again later\r\n"
+
+
+def test_shutdown_ends_a_session_that_waits_for_a_slot_at_once() -> None:
+    """Nothing of its transaction reached the MX: it is not kept through the grace, nor
+    started on a connection the destination would open while the proxy drains."""
+    book = (
+        waiting()
+        >> ev.ShutdownRequested()
+        << to_c(SHUTTING_DOWN)
+        << act.CancelAcquire()
+        << act.CloseClient()
+    )
+    assert book
+
+
+def test_shutdown_ends_a_first_contact_waiting_for_its_greeting() -> None:
+    book = (
+        Playbook(borrowed(cached=None))
+        >> START
+        << act.AcquireServer()
+        >> ev.ShutdownRequested()
+        << to_c(SHUTTING_DOWN)
+        << act.CancelAcquire()
+        << act.CloseClient()
+    )
+    assert book

@@ -620,10 +620,14 @@ class Relay:
             self._out.ours_to_server(b"QUIT")
 
     def _maybe_goodbye(self) -> None:
+        """Shutting down: end the session once it is idle, or at once while it waits for
+        a slot (late binding: nothing of its transaction reached the MX, and none starts
+        on a new connection while the proxy drains)."""
         state = self._state
-        if (
-            state.draining
-            and state.stage is Stage.COMMANDS
+        if not state.draining:
+            return
+        if state.link is Link.WANTED or (
+            state.stage is Stage.COMMANDS
             and not state.owed
             and not state.awaiting
             and self._out.account.transaction is None
