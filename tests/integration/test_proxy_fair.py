@@ -129,10 +129,11 @@ async def test_a_light_tenant_is_not_starved_by_a_heavy_one(proxy_factory) -> No
     assert mx.refused_over_limit == 0
 
 
-async def test_two_busy_tenants_progress_together(proxy_factory) -> None:
-    """Two tenants with 8 sessions each on 4 slots, the second arriving once the first
-    holds them all: from the second's first delivery until either is done, each gets at
-    least a third of the deliveries (max-min: two slots each)."""
+async def test_slots_are_shared_per_tenant_not_per_session(proxy_factory) -> None:
+    """Two busy tenants on 4 slots: one with 16 sessions, one with 4 (arriving once the
+    first holds every slot). Max-min shares the slots per tenant, 2 and 2, not per
+    session (4 to 1, as first come, first served would): while both have mail, the
+    small one gets at least 40% of the deliveries."""
     slots = 4
     limits = LimitRules(start=slots, ceiling=slots)
     async with (
@@ -141,18 +142,17 @@ async def test_two_busy_tenants_progress_together(proxy_factory) -> None:
     ):
         await session(proxy, TENANTS[0])
         async with asyncio.TaskGroup() as group:
-            runs = [group.create_task(session(proxy, TENANTS[0], 5)) for _ in range(8)]
-            assert await wait_until(lambda: destination_of(proxy).share.waiting() >= 4, WAIT)
-            runs += [group.create_task(session(proxy, TENANTS[1], 5)) for _ in range(8)]
+            runs = [group.create_task(session(proxy, TENANTS[0], 4)) for _ in range(16)]
+            assert await wait_until(lambda: destination_of(proxy).share.waiting() >= 8, WAIT)
+            runs += [group.create_task(session(proxy, TENANTS[1], 4)) for _ in range(4)]
         sendings = _all_sendings([run.result() for run in runs])
     mx.ledger.assert_no_loss(results_of(sendings), allow_unsubmitted=True)
     assert all(s.delivered for s in sendings)
     order = [_tenant_of(m.mail_from) for m in mx.ledger.messages[1:]]  # after the warm-up
-    start = order.index(TENANTS[1])
-    ends = [max(i for i, t in enumerate(order) if t == name) for name in TENANTS[:2]]
-    window = order[start : min(ends) + 1]
-    shares = {name: window.count(name) / len(window) for name in TENANTS[:2]}
-    assert min(shares.values()) >= 1 / 3, (shares, "".join(t[-1] for t in order))
+    small = [i for i, t in enumerate(order) if t == TENANTS[1]]
+    window = order[small[0] : small[-1] + 1]  # from the small one's first to its last
+    share = window.count(TENANTS[1]) / len(window)
+    assert share >= 0.4, (share, "".join(t[-1] for t in order))
 
 
 async def test_the_learned_limit_is_kept_across_a_restart(proxy_factory, tmp_path: Path) -> None:
