@@ -203,6 +203,7 @@ async def test_hold_max_reached_is_451_and_the_session_goes_on(
             await waiter.send(b"MAIL FROM:<late@t.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n")
             replies = [await outcome(waiter) for _ in range(3)]
             waited = asyncio.get_running_loop().time() - began
+            assert destination_of(proxy).share.waiting() == 0  # its place given up
             assert (await waiter.command("RSET")).code == 250
             assert (await waiter.command("NOOP")).code == 250
             assert await held.finish(), held.sending.replies
@@ -216,6 +217,30 @@ async def test_hold_max_reached_is_451_and_the_session_goes_on(
     mx.ledger.assert_no_loss(results_of([held.sending, later]), allow_unsubmitted=True)
     deferred = [t for t in transactions(tmp_path) if t["mail_from"] == "late@t.test"]
     assert [(t["outcome"], t["reply_code"]) for t in deferred] == [("deferred", 451)]
+
+
+async def test_hold_max_reached_at_a_first_contacts_greeting(
+    proxy_factory, tmp_path: Path
+) -> None:
+    """Nothing is known of the destination yet and its one slot is taken: a new session
+    waits for its greeting. After ``hold_max`` it gets a 4xx (``451 4.4.5``) and the
+    close, never a connection of its own to the MX."""
+    limits = LimitRules(start=1, ceiling=1)
+    settings = fair(limits=limits, hold_max=0.3)
+    async with (
+        ScriptedMX(idle_timeout=5.0) as mx,
+        proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=settings) as proxy,
+        await tenant(proxy, TENANTS[0]) as first,
+        await tenant(proxy, TENANTS[1]) as second,
+    ):
+        assert (await outcome(first)).startswith("220")  # it holds the slot, no EHLO yet
+        got = [await outcome(second), await outcome(second)]
+        assert destination_of(proxy).share.waiting() == 0
+        assert (await first.ehlo()).code == 250
+        assert (await first.quit()) is not None
+    assert [g[:9] for g in got] == ["451 4.4.5", "closed"], got
+    assert len(mx.sessions) == 1
+    assert [s["reason"] for s in sessions(tmp_path)].count("destination-busy") == 1
 
 
 # ----------------------------------------------------------------- idle connections
