@@ -97,8 +97,10 @@ async def test_a_light_tenant_is_not_starved_by_a_heavy_one(proxy_factory) -> No
     """A heavy tenant keeps 16 sessions busy on 4 slots (12 of them always waiting); a
     light tenant then sends 3 messages, one after the other. Max-min gives the light one
     the next free slot each time: while one of its transactions waits and runs, the
-    heavy tenant gets at most 2 x 4 messages through (first come, first served would
-    put it behind the 12 waiting: 16 or more)."""
+    heavy tenant gets at most 3 x 4 messages through (the 4 running when it asked, and
+    the other slots' turnover while its connection is set up and its message sent;
+    7 at most in our runs). First come, first served puts it behind the 12 waiting:
+    16 or more (19 measured with the scheduler made FCFS)."""
     slots = 4
     limits = LimitRules(start=slots, ceiling=slots)
     async with (
@@ -124,7 +126,7 @@ async def test_a_light_tenant_is_not_starved_by_a_heavy_one(proxy_factory) -> No
         assert destination_of(proxy).share.limit == slots
     mx.ledger.assert_no_loss(results_of(light + heavy), allow_unsubmitted=True)  # warm-up
     assert all(s.delivered for s in light + heavy)
-    assert max(overtaken) <= 2 * slots, overtaken
+    assert max(overtaken) <= 3 * slots, overtaken
     assert mx.peak["127.0.0.1"] <= slots
     assert mx.refused_over_limit == 0
 
