@@ -221,9 +221,7 @@ async def test_hold_max_reached_is_451_and_the_session_goes_on(
     assert [(t["outcome"], t["reply_code"]) for t in deferred] == [("deferred", 451)]
 
 
-async def test_hold_max_reached_at_a_first_contacts_greeting(
-    proxy_factory, tmp_path: Path
-) -> None:
+async def test_hold_max_reached_at_a_first_contacts_greeting(proxy_factory, tmp_path: Path) -> None:
     """Nothing is known of the destination yet and its one slot is taken: a new session
     waits for its greeting. After ``hold_max`` it gets a 4xx (``451 4.4.5``) and the
     close, never a connection of its own to the MX."""
