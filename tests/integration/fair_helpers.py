@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tests.integration.proxy_helpers import WAIT, outcome
 
 from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.destinations import Destination
 from mailsluice.runtime.server import Proxy
 from mailsluice_lab.peers.client import RawSMTPClient, data_block
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
@@ -44,15 +43,48 @@ async def tenant(proxy: Proxy, source: str, *, timeout: float = WAIT) -> RawSMTP
     return await RawSMTPClient.connect("127.0.0.1", proxy.port, source=source, timeout=timeout)
 
 
-def destination_of(proxy: Proxy) -> Destination:
-    """The one destination of a proxy with a fixed upstream (it must exist)."""
-    fair_sharing = proxy.services.destinations
-    assert fair_sharing is not None, "fair sharing is off"
-    upstream = proxy.settings.upstream
-    assert upstream is not None
-    found = fair_sharing.peek((proxy.settings.outbound_ip or "", upstream.host, upstream.port))
-    assert found is not None, "no transaction reached the destination yet"
-    return found
+class Books:
+    """The proxy's one destination as the operator sees it (``mailsluice destinations``:
+    its ``views()``), read afresh at every look."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self._proxy = proxy
+
+    def view(self) -> dict[str, Any]:
+        fair_sharing = self._proxy.services.destinations
+        assert fair_sharing is not None, "fair sharing is off"
+        views = fair_sharing.views()
+        assert len(views) == 1, views  # one upstream: one destination, once it was asked
+        return views[0]
+
+    @property
+    def limit(self) -> int:
+        return int(self.view()["limit"])
+
+    @property
+    def in_use(self) -> int:
+        """Connections counted against the limit (busy, idle and closing)."""
+        return int(self.view()["in_use"])
+
+    @property
+    def waiting(self) -> int:
+        return int(self.view()["waiting"])
+
+    @property
+    def refusals(self) -> int:
+        """Capacity refusals the proxy took (never shown to a tenant)."""
+        return int(self.view()["capacity_refusals"])
+
+    def tenants(self) -> dict[str, dict[str, int]]:
+        """tenant -> {"busy": n, "idle": n, "waiting": n}."""
+        return dict(self.view()["tenants"])
+
+    def idle(self, tenant: str) -> int:
+        return self.tenants().get(tenant, {}).get("idle", 0)
+
+
+def books(proxy: Proxy) -> Books:
+    return Books(proxy)
 
 
 async def greeted(client: RawSMTPClient) -> None:

@@ -17,7 +17,7 @@ import pytest
 from tests.integration.fair_helpers import (
     TENANTS,
     Sending,
-    destination_of,
+    books,
     fair,
     gather_all,
     greeted,
@@ -68,10 +68,10 @@ async def test_a_cold_burst_learns_the_limit_and_no_tenant_sees_the_refusal(
         proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=fair()) as proxy,
     ):
         first = await gather_all(*(session(proxy, TENANTS[i % 3], 2) for i in range(9)))
-        learned = destination_of(proxy).view()
+        learned = books(proxy).view()
         refused_while_learning = mx.refused_over_limit
         second = await gather_all(*(session(proxy, TENANTS[i % 3], 2) for i in range(9)))
-        after = destination_of(proxy).view()
+        after = books(proxy).view()
     sendings = _all_sendings(first) + _all_sendings(second)
     mx.ledger.assert_no_loss(results_of(sendings))
     assert len(sendings) == len(mx.ledger) == 36
@@ -112,7 +112,7 @@ async def test_a_light_tenant_is_not_starved_by_a_heavy_one(proxy_factory) -> No
         overtaken: list[int] = []
         async with asyncio.TaskGroup() as group:
             heavy_runs = [group.create_task(session(proxy, TENANTS[0], 6)) for _ in range(16)]
-            assert await wait_until(lambda: destination_of(proxy).share.waiting() >= 10, WAIT)
+            assert await wait_until(lambda: books(proxy).waiting >= 10, WAIT)
             async with await tenant(proxy, TENANTS[1]) as client:
                 await greeted(client)
                 for _ in range(3):
@@ -123,7 +123,7 @@ async def test_a_light_tenant_is_not_starved_by_a_heavy_one(proxy_factory) -> No
                     stored = mx.ledger.messages[before:]
                     overtaken.append(sum(_tenant_of(m.mail_from) == TENANTS[0] for m in stored))
         heavy = _all_sendings([run.result() for run in heavy_runs])
-        assert destination_of(proxy).share.limit == slots
+        assert books(proxy).limit == slots
     mx.ledger.assert_no_loss(results_of(light + heavy), allow_unsubmitted=True)  # warm-up
     assert all(s.delivered for s in light + heavy)
     assert max(overtaken) <= 3 * slots, overtaken
@@ -145,7 +145,7 @@ async def test_slots_are_shared_per_tenant_not_per_session(proxy_factory) -> Non
         await session(proxy, TENANTS[0])
         async with asyncio.TaskGroup() as group:
             runs = [group.create_task(session(proxy, TENANTS[0], 4)) for _ in range(16)]
-            assert await wait_until(lambda: destination_of(proxy).share.waiting() >= 8, WAIT)
+            assert await wait_until(lambda: books(proxy).waiting >= 8, WAIT)
             runs += [group.create_task(session(proxy, TENANTS[1], 4)) for _ in range(4)]
         sendings = _all_sendings([run.result() for run in runs])
     mx.ledger.assert_no_loss(results_of(sendings), allow_unsubmitted=True)
@@ -163,7 +163,7 @@ async def test_the_learned_limit_is_kept_across_a_restart(proxy_factory, tmp_pat
     async with ScriptedMX(connection_limit=2, data_reply_delay=0.05, idle_timeout=5.0) as mx:
         async with proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=fair()) as proxy:
             runs = await gather_all(*(session(proxy, TENANTS[i % 2]) for i in range(6)))
-            assert destination_of(proxy).share.limit == 2
+            assert books(proxy).limit == 2
         refused = mx.refused_over_limit
         assert refused >= 1, "nothing was learned: the test tests nothing"
         await mx.wait_sessions_done(len(mx.sessions))  # the old proxy's QUITs are done
@@ -171,7 +171,7 @@ async def test_the_learned_limit_is_kept_across_a_restart(proxy_factory, tmp_pat
         assert state["learned"] == [["", "127.0.0.1", mx.port, 2]]
         async with proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=fair()) as proxy:
             runs += await gather_all(*(session(proxy, TENANTS[i % 2]) for i in range(6)))
-            assert destination_of(proxy).share.limit == 2
+            assert books(proxy).limit == 2
         assert mx.refused_over_limit == refused  # the restarted proxy knew
     sendings = _all_sendings(runs)
     mx.ledger.assert_no_loss(results_of(sendings))
@@ -205,7 +205,7 @@ async def test_hold_max_reached_is_451_and_the_session_goes_on(
             await waiter.send(b"MAIL FROM:<late@t.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n")
             replies = [await outcome(waiter) for _ in range(3)]
             waited = asyncio.get_running_loop().time() - began
-            assert destination_of(proxy).share.waiting() == 0  # its place given up
+            assert books(proxy).waiting == 0  # its place given up
             assert (await waiter.command("RSET")).code == 250
             assert (await waiter.command("NOOP")).code == 250
             assert await held.finish(), held.sending.replies
@@ -235,7 +235,7 @@ async def test_hold_max_reached_at_a_first_contacts_greeting(proxy_factory, tmp_
     ):
         assert (await outcome(first)).startswith("220")  # it holds the slot, no EHLO yet
         got = [await outcome(second), await outcome(second)]
-        assert destination_of(proxy).share.waiting() == 0
+        assert books(proxy).waiting == 0
         assert (await first.ehlo()).code == 250
         assert (await first.quit()) is not None
     assert [g[:9] for g in got] == ["451 4.4.5", "closed"], got
@@ -266,8 +266,8 @@ async def test_an_idle_connection_of_one_tenant_is_reclaimed_for_another(
         if holder == "pool":
             assert (await a.quit()) is not None
             a.close()
-        view = destination_of(proxy).share
-        assert await wait_until(lambda: view.idle(TENANTS[0]) == 1)
+        dest = books(proxy)
+        assert await wait_until(lambda: dest.idle(TENANTS[0]) == 1)
         began = asyncio.get_running_loop().time()
         [other] = await session(proxy, TENANTS[1])
         took = asyncio.get_running_loop().time() - began
@@ -309,8 +309,8 @@ async def test_shutdown_with_clients_waiting(proxy_factory, tmp_path: Path) -> N
                 held = await paused_transaction(group, blocker, Sending(TENANTS[0]))
                 await waiters[0].send(b"MAIL FROM:<w0@t.test>\r\n")
                 await waiters[1].send(b"MAIL FROM:<w1@t.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n")
-                share = destination_of(proxy).share
-                assert await wait_until(lambda: share.waiting() == 2)
+                dest = books(proxy)
+                assert await wait_until(lambda: dest.waiting == 2)
                 loop = asyncio.get_running_loop()
                 began = loop.time()
                 stopping = group.create_task(proxy.shutdown(grace=grace))

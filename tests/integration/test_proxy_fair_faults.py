@@ -23,7 +23,7 @@ import pytest
 from tests.integration.fair_helpers import (
     TENANTS,
     Sending,
-    destination_of,
+    books,
     fair,
     greeted,
     paused_transaction,
@@ -49,11 +49,11 @@ WARM = TENANTS[2]  # the tenant whose session teaches the proxy the destination 
 async def _balanced(proxy: Proxy) -> None:
     """Nothing waits, and every slot still counted belongs to a connection that is idle
     or closing (no busy slot outlives its session): no leak."""
-    share = destination_of(proxy).share
+    dest = books(proxy)
     assert await wait_until(lambda: not proxy.services.connections, WAIT)
-    assert share.waiting() == 0
-    assert await wait_until(lambda: all(b == 0 for b, _, _ in share.tenants().values()), WAIT), (
-        share.tenants()
+    assert dest.waiting == 0
+    assert await wait_until(lambda: all(t["busy"] == 0 for t in dest.tenants().values()), WAIT), (
+        dest.tenants()
     )
 
 
@@ -85,7 +85,7 @@ async def test_a_refused_set_up_with_others_up_waits_again_unseen(
     ):
         [warm] = await session(proxy, WARM)
         [sent] = await session(proxy, TENANTS[0])
-        view = destination_of(proxy).view()
+        view = books(proxy).view()
         await _balanced(proxy)
     assert mx.sessions[1].fired == [fault]
     assert sent.delivered, sent.replies
@@ -114,12 +114,12 @@ async def test_a_refused_connect_with_others_up_waits_for_the_mx_to_listen_again
             busy = await paused_transaction(group, other, Sending(WARM))
             mx.stop_listening()
             sending = group.create_task(session(proxy, TENANTS[0]))
-            stats = destination_of(proxy).stats
-            assert await wait_until(lambda: stats.refusals == 1, WAIT)
+            dest = books(proxy)
+            assert await wait_until(lambda: dest.refusals == 1, WAIT)
             await mx.listen_again()
             assert await busy.finish(), busy.sending.replies
             [sent] = await sending
-        view = destination_of(proxy).view()
+        view = books(proxy).view()
         await _balanced(proxy)
     assert sent.delivered, sent.replies
     assert not [r for r in sent.replies if r.startswith("4")]
@@ -150,8 +150,8 @@ async def test_a_refused_connect_for_a_tenant_with_an_idle_connection_coming(
             mx.stop_listening()
             two = Sending(TENANTS[0])
             waiting = group.create_task(transaction(second, two))
-            stats = destination_of(proxy).stats
-            assert await wait_until(lambda: stats.refusals == 1, WAIT)
+            dest = books(proxy)
+            assert await wait_until(lambda: dest.refusals == 1, WAIT)
             assert await one.finish(), one.sending.replies
             assert await waiting, two.replies
         await _balanced(proxy)
@@ -169,14 +169,14 @@ async def test_a_refused_connect_with_none_up_is_421_4_4_1(proxy_factory) -> Non
         proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=settings) as proxy,
     ):
         await session(proxy, WARM)
-        share = destination_of(proxy).share
-        assert await wait_until(lambda: share.in_use == 0, WAIT)  # its idle one timed out
+        dest = books(proxy)
+        assert await wait_until(lambda: dest.in_use == 0, WAIT)  # its idle one timed out
         mx.stop_listening()
         [sent] = await session(proxy, TENANTS[0], quit=False)
         await _balanced(proxy)
     assert [r[:9] for r in sent.replies] == ["421 4.4.1"], sent.replies
     assert sent.result is None
-    assert destination_of(proxy).stats.refusals == 0
+    assert books(proxy).refusals == 0
 
 
 @pytest.mark.parametrize(
@@ -198,8 +198,8 @@ async def test_another_refusal_at_the_set_up_reaches_the_client_verbatim(
         proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=fair(idle_timeout=0.2)) as proxy,
     ):
         await session(proxy, WARM)
-        share = destination_of(proxy).share
-        assert await wait_until(lambda: share.in_use == 0, WAIT)
+        dest = books(proxy)
+        assert await wait_until(lambda: dest.in_use == 0, WAIT)
         async with await tenant(proxy, TENANTS[0]) as client:
             await greeted(client)
             await client.send(b"MAIL FROM:<s@t.test>\r\nRCPT TO:<r@mx.test>\r\n")
@@ -244,10 +244,10 @@ async def test_a_client_that_leaves_while_waiting_gives_up_its_place(
         if when == "mail-held":
             await greeted(leaver)
             await leaver.send(b"MAIL FROM:<gone@t.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n")
-        share = destination_of(proxy).share
-        assert await wait_until(lambda: share.waiting() == 1, WAIT)
+        dest = books(proxy)
+        assert await wait_until(lambda: dest.waiting == 1, WAIT)
         LEAVE[how](leaver)
-        assert await wait_until(lambda: share.waiting() == 0, WAIT)
+        assert await wait_until(lambda: dest.waiting == 0, WAIT)
         if when == "mail-held":
             assert await held.finish(), held.sending.replies
             done = [held.sending]
@@ -287,8 +287,8 @@ async def test_a_half_close_while_mail_is_held_keeps_its_place(proxy_factory) ->
             held = await paused_transaction(group, blocker, Sending(TENANTS[0]))
             await closer.send(b"MAIL FROM:<half@t.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n")
             closer.conn.half_close()
-            share = destination_of(proxy).share
-            assert await wait_until(lambda: share.waiting() == 1, WAIT)
+            dest = books(proxy)
+            assert await wait_until(lambda: dest.waiting == 1, WAIT)
             assert await held.finish(), held.sending.replies
             got = [await outcome(closer) for _ in range(4)]
         [after] = await session(proxy, TENANTS[2])
@@ -362,8 +362,8 @@ async def test_the_mx_lost_while_clients_wait(proxy_factory, scenario: str) -> N
                     group.create_task(_tolerant(transaction(client, sending)))
                     for client, sending in zip(clients[2:], waiting_sendings, strict=True)
                 ]
-                share = destination_of(proxy).share
-                assert await wait_until(lambda: share.waiting() == 3, WAIT)
+                dest = books(proxy)
+                assert await wait_until(lambda: dest.waiting == 3, WAIT)
                 await MX_LOST[scenario](mx)
                 for held in paused:
                     held.resume.set()

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.integration.fair_helpers import TENANTS, destination_of, fair, session
+from tests.integration.fair_helpers import TENANTS, books, fair, session
 from tests.integration.proxy_helpers import (
     FAST_TIMEOUTS,
     WAIT,
@@ -90,9 +90,9 @@ async def test_fair_fault_matrix(
         )
         assert borrowed.fired == [fault]
         # every slot free again: given back, closed (the MX may never answer our QUIT)
-        share = destination_of(proxy).share
-        assert await wait_until(lambda: share.in_use == 0, WAIT), share.tenants()
-        assert share.waiting() == 0
+        dest = books(proxy)
+        assert await wait_until(lambda: dest.in_use == 0, WAIT), dest.tenants()
+        assert dest.waiting == 0
     assert proxy.log_writer.dropped == 0
     assert not proxy.services.connections
     deviation = run.deviation
