@@ -173,7 +173,10 @@ class LocalScheduler:
         destination = self._all.get(key)
         if destination is None:
             limit = LearnedLimit(
-                self._rules, fixed=self._fixed(key), remembered=self._remembered.get(key)
+                self._rules,
+                fixed=self._fixed(key),
+                remembered=self._remembered.get(key),
+                now=self._clock(),
             )
             destination = _Destination(FairShare(limit.value, self._tenant_weight), limit)
             self._all[key] = destination

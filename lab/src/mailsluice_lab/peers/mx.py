@@ -30,6 +30,10 @@ configuration:
 * ``recorders``: a record kept besides the ledger (:mod:`.recorders`: the demo's maildir,
   the benchmarks' delivery CSV).
 
+An MX that goes down and comes back, while the test runs: ``stop_listening()`` (a connect
+is refused, the connections open go on), ``listen_again()`` (same port), and
+``reset_connections()`` (an RST on every open connection, as a crash).
+
 Every session records its raw command lines, body bytes, all bytes received and sent, the
 plaintext pipelined after STARTTLS, and the faults that fired (``transcript=False`` drops the
 all-bytes transcripts, for very large bodies or long runs).  Waits are bounded by
@@ -199,6 +203,10 @@ class ScriptedMX:
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> ScriptedMX:
         self._group = await self._stack.enter_async_context(asyncio.TaskGroup())
+        await self._listen()
+        return self
+
+    async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: BufferedConnection(self._on_connected, keep_transcript=self._transcript),
@@ -208,7 +216,25 @@ class ScriptedMX:
             reuse_address=True,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        return self
+
+    # -- an MX going down and coming back ------------------------------------------------
+    def stop_listening(self) -> None:
+        """Stop accepting: a connect is now refused; the connections open go on."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+
+    async def listen_again(self) -> None:
+        """Accept connections again, on the same port (after ``stop_listening``)."""
+        if self._server is None and not self._closing:
+            await self._listen()
+
+    def reset_connections(self) -> int:
+        """Reset (RST) every connection open now, as an MX that crashed; how many."""
+        live = [record for record in self.sessions if not record.done.is_set()]
+        for record in live:
+            record.conn.reset()
+        return len(live)
 
     async def __aexit__(
         self,
