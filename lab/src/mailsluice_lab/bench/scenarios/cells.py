@@ -12,9 +12,9 @@ from typing import Any
 
 from mailsluice_lab.bench.scenarios.stats import tenant_label
 
-__all__ = ["at_mx", "codes", "completion", "fixed", "get", "light_ratios", "light_times",
-           "machine_facts", "machine_line", "nbytes", "num", "refusals", "seconds", "table",
-           "tenant_times", "told"]  # fmt: skip
+__all__ = ["at_mx", "codes", "completion", "cpu_share", "fixed", "get", "light_ratios",
+           "light_times", "machine_facts", "machine_line", "nbytes", "num", "refusals",
+           "seconds", "table", "tenant_times", "told"]  # fmt: skip
 
 
 def get(entry: Any, *keys: str) -> Any:
@@ -192,3 +192,11 @@ def light_ratios(e: Mapping[str, Any]) -> str:
     median = num(get(e, "light", "median_ratio")) or 0.0
     verdict = "goal met" if get(e, "light", "goal_met") else "goal missed"
     return f"{median:.2f}x / {worst:.2f}x ({verdict})"
+
+
+def cpu_share(e: Mapping[str, Any]) -> str:
+    """'12.0 / 3.5 s': the run's CPU seconds and the rest of the machine's, meanwhile."""
+    run, other = num(get(e, "cpu", "run_cpu_s")), num(get(e, "cpu", "other_cpu_s"))
+    if run is None or other is None:
+        return "-"
+    return f"{run:.1f} / {other:.1f} s"

@@ -114,4 +114,7 @@ def notes(limit: int) -> list[str]:
         f"{SLOT_STEP:g} s bins, from the MX's own records: a connection counts for the "
         "tenant whose message it carries next (after its last message: that message's "
         "tenant); state.csv: mailsluice's own destinations state, rewritten every 2 s",
+        "CPU: the CPU seconds of the run's processes (every process in its namespaces, and "
+        "the bench) and of the rest of the machine, from the release to the end: this "
+        "machine is shared, and a run slowed by other work shows a large second figure",
     ]

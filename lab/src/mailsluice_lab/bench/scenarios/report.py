@@ -41,6 +41,7 @@ from typing import Any
 from mailsluice_lab.bench.scenarios.cells import (
     at_mx,
     completion,
+    cpu_share,
     fixed,
     get,
     light_ratios,
@@ -151,6 +152,7 @@ HEADLINES: dict[str, list[Column]] = {
         ("MX: 421s sent (> 1 s after the first)", refusals),
         ("MSAs' deferrals by reply code", told),
         ("MX: occupancy of the limit", _figure("at_mx", "occupancy", fmt=_percent_of_one)),
+        ("CPU: the run / the rest of the machine", cpu_share),
     ],
     "unequal": [
         ("completion (all tenants)", completion),
@@ -160,6 +162,7 @@ HEADLINES: dict[str, list[Column]] = {
         ("MX: peak connections per client", at_mx),
         ("MX: 421s sent (> 1 s after the first)", refusals),
         ("MSAs' deferrals by reply code", told),
+        ("CPU: the run / the rest of the machine", cpu_share),
     ],
 }
 _GENERIC: list[Column] = [

@@ -31,7 +31,7 @@ from typing import Any
 from mailsluice_lab.bench.scenarios import postfix, topology
 from mailsluice_lab.bench.scenarios.measures import MxConnection, Received, Submitted
 from mailsluice_lab.bench.scenarios.postfix import PostfixInstance, PostfixSpec
-from mailsluice_lab.bench.scenarios.procstat import ResourceRow, TreeSampler
+from mailsluice_lab.bench.scenarios.procstat import CpuShare, ResourceRow, TreeSampler
 from mailsluice_lab.bench.scenarios.progress import Progress
 from mailsluice_lab.bench.scenarios.records import (
     STATE_NAME,
@@ -169,6 +169,7 @@ class _Recording:
         self.sample_costs: list[float] = []  # seconds each resource sample took
         self.flushed: list[dict[str, Any]] = []  # parked mail flushed: t, instance, messages
         self.state: list[StateRow] = []  # mailsluice's destinations.json, each write once
+        self.cpu: dict[str, float] = {}  # the run's CPU and the rest of the machine's
 
     def sampler_info(self) -> dict[str, Any]:
         """How regular the resource samples were, and what taking them cost."""
@@ -267,7 +268,9 @@ def _sample(live: _Live, recording: _Recording, start_at: float) -> None:
             recording.flushed.append({"t": t, "instance": name, "messages": parked})
 
 
-def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) -> tuple[str, str]:
+def _watch(
+    cfg: RunConfig, live: _Live, start_at: float, recording: _Recording, cpu: CpuShare
+) -> tuple[str, str]:
     """Follow the run until every accepted message arrived, or the deadline: (status, note).
 
     Samples the queues (and mailsluice's destinations state) every second and the
@@ -307,6 +310,7 @@ def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) 
                     return "failed", f"{what} exited {proc.popen.returncode}: {output}"
             if accepted is None and all(marker.exists() for marker in markers):
                 if cfg.hold and cfg.msa == "postfix":
+                    cpu.start()  # the CPU figures count from the release
                     _release(live, recording)
                     deadline = time.time() + cfg.deadline_s
                 accepted = set()  # every tenant is through: its CSV is complete
@@ -343,7 +347,10 @@ def run_variant(cfg: RunConfig) -> VariantRun:
             )
             live, start_at = _start(cfg, topo, stack)
             maillogs = {name: inst.maillog for name, inst in live.instances.items()}
-            status, note = _watch(cfg, live, start_at, recording)
+            cpu = CpuShare([ns.name for ns in topo.all()])
+            cpu.start()
+            status, note = _watch(cfg, live, start_at, recording, cpu)
+            recording.cpu = cpu.stop()
             left = {name: sum(inst.queue_counts()) for name, inst in live.instances.items()}
             proxy = live.proxy
     except (NetnsError, postfix.PostfixError, OSError) as exc:
@@ -361,6 +368,8 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         info["sampler"] = recording.sampler_info()
     if recording.flushed:
         info["parked_and_flushed"] = recording.flushed
+    if recording.cpu:
+        info["cpu"] = recording.cpu
     if proxy is not None:  # its last write, at its shutdown (a short run may have no other)
         recording.state += StateSampler(
             cfg.workdir / STATE_NAME, after=_last_at(recording)
