@@ -11,11 +11,12 @@ from us at once. Every connection is a *slot* held by one tenant, in one of thre
 A tenant asks for a slot per transaction (``ask``). The answer is a ``Grant`` at once
 (its own idle connection, or a new one while the destination has room), or a wait in
 line. A slot that frees goes to the waiting tenant holding the fewest slots (max-min
-fairness, each tenant's count divided by its weight); ties go to the tenant that has
-been served least (deficit round robin: grants received, per weight), then to the
-oldest ticket. The sharing is work-conserving: a slot is never left free while someone
-waits, and an idle connection of one tenant is reclaimed (``Reclaim``: the shell says
-QUIT) as soon as another waits for room.
+fairness, each tenant's count divided by its weight); ties go first to a tenant with
+an idle connection of its own (it keeps its share with no QUIT and no new dial), then to
+the tenant that has been served least (deficit round robin: grants received, per
+weight), then to the oldest ticket. The sharing is work-conserving: a slot is never left
+free while someone waits, and an idle connection of one tenant is reclaimed
+(``Reclaim``: the shell says QUIT) as soon as another, holding fewer, waits for room.
 
 Nothing here has a clock or does I/O: the shell (``runtime``) feeds the facts (a
 transaction ended, a connection closed, the MX refused one) and performs the
@@ -237,14 +238,20 @@ class FairShare:
 
     def _line(self) -> list[str]:
         """The waiting tickets in fair order, as the tenant each belongs to: the k-th
-        ticket of a tenant ranks as if the k-1 before it had been granted."""
-        ranked: list[tuple[float, float, int, str]] = []
+        ticket of a tenant ranks as if the k-1 before it had been granted.
+
+        Between tenants holding as many slots (per weight), one with an idle connection
+        of its own goes first: it keeps what is its fair share, with no QUIT and no new
+        dial (a tie broken by service alone would close the connection only for another
+        tenant, holding as many, to dial a new one). Service breaks the remaining ties."""
+        ranked: list[tuple[float, int, float, int, str]] = []
         for name, record in self._tenants.items():
             held = record.busy + record.idle
+            keeps = 0 if record.idle else 1
             for k, ticket in enumerate(record.waiting):
                 share = (held + k) / record.weight
                 served = record.served + k / record.weight
-                ranked.append((share, served, self._tickets[ticket][1], name))
+                ranked.append((share, keeps, served, self._tickets[ticket][1], name))
         ranked.sort()
         return [name for *_, name in ranked]
 
