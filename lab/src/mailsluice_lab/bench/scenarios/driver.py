@@ -65,7 +65,7 @@ def parser(scenario: str, description: str) -> argparse.ArgumentParser:
                    "the scenario's; see its description)")  # fmt: skip
     p.add_argument("--size", type=int, default=1024, help="message body bytes")
     p.add_argument("--mailsluice-workers", type=int, default=1,
-                   help="mailsluice serve --workers (fair sharing: per worker)")  # fmt: skip
+                   help="mailsluice serve --workers (fair sharing holds for the host)")  # fmt: skip
     p.add_argument("--keep-workdir", action="store_true", help="keep configs, queues, logs")
     return p
 
