@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mailsluice.policy.deferrals import DeferralClass, Response, Rule, default_rules
-from mailsluice.policy.destrules import DestinationRule, normal_name, select
+from mailsluice.policy.destrules import DestinationRule, normal_name
 from mailsluice.policy.learned import LimitRules
 
 __all__ = ["DestinationRule", "FairSettings", "FairConfigError", "TenantGroup", "parse"]
@@ -79,12 +79,6 @@ class FairSettings:
     destinations: tuple[DestinationRule, ...] = ()
     tenants: tuple[TenantGroup, ...] = ()
     deferral_rules: tuple[Rule, ...] = field(default_factory=default_rules)
-
-    def fixed_limit(self, mx_host: str) -> int | None:
-        """The configured limit of the MX at ``mx_host``, if an address rule matches it."""
-        rules = [rule for rule in self.destinations if rule.network is not None]
-        index = select(rules, mx_host)
-        return None if index is None else rules[index].max_connections
 
     def tenant_of(self, client_ip: str) -> str:
         """The tenant a client address belongs to: its group's name, else itself."""

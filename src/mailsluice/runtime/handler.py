@@ -29,10 +29,10 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
-from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
 from mailsluice.runtime.destinations import Destination, Hold, Idle
 from mailsluice.runtime.dialer import plain_host
+from mailsluice.runtime.dialprobe import DialProbe, GreetingWatch, finish, observe
 from mailsluice.runtime.filterjob import FilterDriver
 from mailsluice.runtime.linger import LingeringClose
 from mailsluice.runtime.mxleg import MxLeg
@@ -103,7 +103,7 @@ class ConnectionHandler:
 
     __slots__ = (
         "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_destination",
-        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate",
+        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate", "_probe",
         "_server_blocked", "_services", "_tenant", "_ticket", "_timeout", "_timer",
         "_timer_on_server", "_write_deadline", "mx", "relay",
     )  # fmt: skip
@@ -130,6 +130,7 @@ class ConnectionHandler:
         self._destination: Destination | None = None  # fair sharing: its share
         self._tenant = ""  # fair sharing: whose share this connection's transactions use
         self._ticket: int | None = None  # fair sharing: our place in line, while we wait
+        self._probe: DialProbe | None = None  # fair sharing: a new connection's latencies
         self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
@@ -151,9 +152,7 @@ class ConnectionHandler:
         now = time.time()
         if refusal is None:
             refusal = services.admit(peer[0], destination, sock)
-        self.mx = MxLeg(
-            services, destination, feed=self._feed, protocol=partial(Side, self, client=False)
-        )
+        self.mx = MxLeg(services, destination, feed=self._feed, protocol=self._mx_side)
         dest = format_address(destination)
         fair = services.destinations
         cached = None
@@ -326,12 +325,8 @@ class ConnectionHandler:
             elif isinstance(action, act.Log):
                 record = action.record
                 self._services.log_writer.submit(record)
-                if (
-                    self._destination is not None
-                    and type(record) is TransactionEnded
-                    and record.outcome == "delivered"
-                ):
-                    self._destination.accepted()
+                if self._destination is not None:
+                    self._probe = observe(self._destination, record, self._probe)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
                 self._arm(action.seconds)
@@ -398,6 +393,13 @@ class ConnectionHandler:
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed
 
+    def _mx_side(self) -> Side:
+        """The MX transport's protocol (a new connection's notes its greeting's time)."""
+        probe = self._probe
+        if probe is not None and probe.greeting is None:
+            return GreetingWatch(self, probe)
+        return Side(self, client=False)
+
     # ------------------------------------------------------------ fair sharing
     def _ask(self) -> None:
         """Late binding: in line for a slot of the destination (``_granted`` answers)."""
@@ -417,6 +419,7 @@ class ConnectionHandler:
             else:
                 destination.lost(hold)
             return
+        self._probe = None if entry is not None else DialProbe(time.time())
         if entry is not None:
             self._feed(ev.ServerReused(self.mx.adopt(entry)))
             return
@@ -531,6 +534,9 @@ class ConnectionHandler:
         ticket, self._ticket = self._ticket, None
         if ticket is not None and self._destination is not None:
             self._destination.cancel(ticket)
+        probe, self._probe = self._probe, None
+        if self._destination is not None:
+            finish(self._destination, probe)
         if self._client is not None:
             self._client.close()
             self._client = None
