@@ -145,7 +145,7 @@ class Walk:
 
 async def _settle(mx: ScriptedMX, client: RawSMTPClient) -> None:
     """Mid-body faults: wait until the MX's fault fired and the proxy had time to react."""
-    await wait_until(lambda: bool(mx.sessions and mx.sessions[0].fired))
+    await wait_until(lambda: any(record.fired for record in mx.sessions))
     # A stalled MX makes the proxy say nothing yet: this wait then just runs out.
     await wait_until(lambda: bool(client.conn.buffered or client.conn.closed), timeout=0.2)
 

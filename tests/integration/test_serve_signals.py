@@ -86,8 +86,9 @@ async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
         try:
             await asyncio.to_thread(_wait_for_greeting, port, proc, 20.0)
             await asyncio.to_thread(_send, port, 1)
-            # supervisor (with workers), workers, their log writers: all started
-            expected = (1 if workers == 1 else 1 + workers) + workers
+            # supervisor and fair-sharing broker (with workers), workers, their log
+            # writers: all started
+            expected = (1 if workers == 1 else 2 + workers) + workers
             deadline = time.monotonic() + 20
             while len(before := _group(proc.pid)) != expected and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

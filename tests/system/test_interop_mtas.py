@@ -76,13 +76,19 @@ class InteropLab:
     topo: Gateway
     mx: PostfixMX
     proxy: Process
-    proxy_reuse: bool
+    mode: str  # "default" (fair sharing), "per-session" or "proxy-reuse" (MODES)
     workdir: Path
     subnets: Iterator[int] = field(default_factory=lambda: itertools.count(20))
 
+    @property
+    def keeps_connections(self) -> bool:
+        """mailsluice may carry a session on an MX connection an earlier one opened."""
+        return self.mode != "per-session"
+
     def label(self, mta: str) -> str:
         """The MTA's name in the matrix (and how mailsluice ran, when not by default)."""
-        return f"{mta} + mailsluice --reuse-connections" if self.proxy_reuse else mta
+        flags = " ".join(MODES[self.mode])
+        return f"{mta} + mailsluice {flags}" if flags else mta
 
     @contextmanager
     def tenant(self, role: str) -> Iterator[Tenant]:
@@ -126,9 +132,19 @@ class InteropLab:
         )
 
 
+#: how mailsluice runs in each lab: by default (fair sharing: a connection borrowed per
+#: transaction, kept idle for the tenant's next one), a connection per session, and a
+#: connection per session kept for the same client's next session
+MODES: dict[str, list[str]] = {
+    "default": [],
+    "per-session": ["--no-fair-sharing"],
+    "proxy-reuse": ["--no-fair-sharing", "--reuse-connections"],
+}
+
+
 @contextmanager
-def interop_lab(*, proxy_reuse: bool) -> Iterator[InteropLab]:
-    """The lab; ``proxy_reuse`` runs mailsluice with ``--reuse-connections``."""
+def interop_lab(*, mode: str) -> Iterator[InteropLab]:
+    """The lab, mailsluice run with the flags of ``mode`` (``MODES``)."""
     require()
     reason = postfix_msa.missing()
     if reason is not None:
@@ -150,34 +166,51 @@ def interop_lab(*, proxy_reuse: bool) -> Iterator[InteropLab]:
         workdir = Path(tempfile.mkdtemp(prefix="mailsluice-interop-"))
         stack.callback(shutil.rmtree, workdir, True)
         serve = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--log", f"sqlite:{workdir / 'log.db'}"]
-        serve += ["--reuse-connections"] if proxy_reuse else []
+        serve += MODES[mode]
         proxy = start_proxy(stack, topo.gw, serve, PROXY_PORT, workdir / "serve.out")
-        yield InteropLab(topo=topo, mx=mx, proxy=proxy, proxy_reuse=proxy_reuse, workdir=workdir)
+        yield InteropLab(topo=topo, mx=mx, proxy=proxy, mode=mode, workdir=workdir)
 
 
 @pytest.fixture(scope="module")
 def default_lab() -> Iterator[InteropLab]:
     """mailsluice as it runs by default; shared by the module's tests (a tenant each)."""
-    with interop_lab(proxy_reuse=False) as lab:
+    with interop_lab(mode="default") as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def per_session_lab() -> Iterator[InteropLab]:
+    """mailsluice with ``--no-fair-sharing``: a connection per session; shared likewise."""
+    with interop_lab(mode="per-session") as lab:
         yield lab
 
 
 @pytest.fixture(scope="module")
 def reuse_lab() -> Iterator[InteropLab]:
-    """mailsluice with ``--reuse-connections``; shared likewise."""
-    with interop_lab(proxy_reuse=True) as lab:
+    """mailsluice with ``--no-fair-sharing --reuse-connections``; shared likewise."""
+    with interop_lab(mode="proxy-reuse") as lab:
         yield lab
 
 
 @pytest.fixture
 def lab(request: pytest.FixtureRequest) -> InteropLab:
-    """``default_lab`` or ``reuse_lab``, by the test's (indirect) parameter."""
-    name = {"default": "default_lab", "proxy-reuse": "reuse_lab"}[request.param]
+    """``default_lab``, ``per_session_lab`` or ``reuse_lab``, by the test's (indirect)
+    parameter."""
+    name = {"default": "default_lab", "per-session": "per_session_lab",
+            "proxy-reuse": "reuse_lab"}[request.param]  # fmt: skip
     lab: InteropLab = request.getfixturevalue(name)
     return lab
 
 
-BOTH_PROXY_MODES = pytest.mark.parametrize("lab", ["default", "proxy-reuse"], indirect=True)
+ALL_PROXY_MODES = pytest.mark.parametrize(
+    "lab", ["default", "per-session", "proxy-reuse"], indirect=True
+)
+#: the default, and the others only in the slow run
+PROXY_MODES = pytest.mark.parametrize(
+    "lab",
+    ["default", *(pytest.param(m, marks=pytest.mark.slow) for m in ("per-session", "proxy-reuse"))],
+    indirect=True,
+)
 
 
 def finish(mta: str, verdicts: list[Verdict], lab: InteropLab, mta_log: str) -> None:
@@ -222,7 +255,7 @@ def exim_confirmations(exim: EximMSA) -> tuple[list[Confirmation], list[str], li
     return confirmations, queued, frozen
 
 
-@BOTH_PROXY_MODES
+@ALL_PROXY_MODES
 def test_exim_through_mailsluice_delivers_each_message_once(lab: InteropLab) -> None:
     reason = exim_msa.missing()
     if reason is not None:
@@ -233,7 +266,7 @@ def test_exim_through_mailsluice_delivers_each_message_once(lab: InteropLab) -> 
         EximMSA(routes=routes, interface=tenant.ip, command_prefix=tenant.ns.cmd()) as exim,
     ):
         assert exim.version.startswith("Exim version 4."), exim.version
-        tag = "exim-reuse" if lab.proxy_reuse else "exim"
+        tag = f"exim-{lab.mode}"
         connections_before = lab.mx.connections()
         single = interop.probes(f"{tag}-single", SINGLE)
         for probe in single:  # -odi: delivered at submission, one connection each
@@ -261,8 +294,8 @@ def test_exim_through_mailsluice_delivers_each_message_once(lab: InteropLab) -> 
             on_it = {p.token for p in reuse if p.domain == domain}
             assert len(on_it & reused) == len(on_it) - 1, log
         # the MX's side
-        if lab.proxy_reuse:  # mailsluice carried Exim sessions on MX connections it kept
-            assert connections_single < len(single), log
+        if lab.keeps_connections:  # mailsluice carried sessions on MX connections it kept
+            assert 1 <= connections_single < len(single), log
             assert connections_reuse <= len(MX_LISTENERS), log
         else:
             assert connections_single == len(single), log
@@ -314,9 +347,6 @@ def wait_postfix_queue_empty(msa: PostfixMSA, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize(
-    "lab", ["default", pytest.param("proxy-reuse", marks=pytest.mark.slow)], indirect=True
-)
 def postfix_tenant(tenant: Tenant, name: str, *, cache: bool) -> PostfixMSA:
     """A Postfix MSA in ``tenant`` routing each MX domain to its address (STARTTLS if offered).
 
@@ -363,11 +393,9 @@ def postfix_phase(lab: InteropLab, msa: PostfixMSA, sent: Sequence[Probe]) -> Ph
     )
 
 
-@pytest.mark.parametrize(
-    "lab", ["default", pytest.param("proxy-reuse", marks=pytest.mark.slow)], indirect=True
-)
+@PROXY_MODES
 def test_postfix_through_mailsluice_delivers_each_message_once(lab: InteropLab) -> None:
-    tag = "postfix-reuse" if lab.proxy_reuse else "postfix"
+    tag = f"postfix-{lab.mode}"
     single = interop.probes(f"{tag}-single", SINGLE)
     reuse = interop.probes(f"{tag}-cache", REUSE)
     with lab.tenant("postfix") as tenant:
@@ -391,7 +419,9 @@ def test_postfix_through_mailsluice_delivers_each_message_once(lab: InteropLab) 
         assert len(on_it & reused) == len(on_it) - 1, (domain, second.log)
     # the MX's side (mailsluice may also carry sessions on a connection it kept)
     assert second.connections < len(reuse), second.log
-    if not lab.proxy_reuse:
+    if lab.keeps_connections:
+        assert 1 <= first.connections < len(single), first.log
+    else:
         assert first.connections == len(single), first.log
         assert second.connections == len(MX_LISTENERS), second.log
 

@@ -94,3 +94,19 @@ def test_only_rate_and_reputation_deferrals_ask_for_a_response() -> None:
     assert respond(Reply.make(550, "5.7.1", "blocked"), rules) is None  # not a deferral
     capacity = Reply.make(421, "4.7.0", "too many connections")
     assert respond(capacity, rules) is None  # capacity is the learned limit's business
+
+
+def test_a_remembered_limit_is_kept_a_quiet_period_before_probing_again() -> None:
+    """Read back after a restart, the limit is where the MX refused us last: probing
+    above it waits the quiet period from the restart, as after a refusal."""
+    limit = LearnedLimit(LimitRules(quiet=60.0), remembered=3, now=1000.0)
+    for _ in range(30):
+        limit.accepted(in_use=3, now=1059.0)
+    assert limit.value == 3
+    for _ in range(3):
+        limit.accepted(in_use=3, now=1061.0)
+    assert limit.value == 4
+    fresh = LearnedLimit(LimitRules(start=3), now=1000.0)  # nothing remembered: probes
+    for _ in range(3):
+        fresh.accepted(in_use=3, now=1001.0)
+    assert fresh.value == 4

@@ -292,3 +292,110 @@ def test_first_contact_granted_a_connection_already_greeted_gets_its_greeting() 
         << to_c(EHLO_REPLY)
     )
     assert book
+
+
+FULL = b"421 4.7.0 mx.example Error: too many connections from 203.0.113.5\r\n"
+
+
+def test_a_capacity_refusal_at_a_first_contact_is_unseen_the_client_still_waits() -> None:
+    """Sessions that come first together each dial for their greeting; the MX's 421 for
+    too many connections to one of them is ours too: back in line, and the greeting the
+    client gets is the next connection's."""
+    book = (
+        Playbook(borrowed(cached=None))
+        >> START
+        << act.AcquireServer()
+        >> ev.ServerGranted()
+        >> CONNECTED
+        >> s(FULL)
+        << act.Requeue(
+            "the MX has too many of our connections: " + FULL.decode().rstrip("\r\n"),
+            capacity=True,
+        )
+        >> ev.ServerGranted()
+        >> CONNECTED
+        >> s(GREETING)
+        << to_c(GREETING)
+        >> c(EHLO)
+        << to_s(EHLO)
+    )
+    assert book
+    assert not [a for a in book.seen if isinstance(a, act.SendToClient) and b"421" in a.data]
+
+
+def test_a_first_contact_lost_before_its_greeting_waits_again() -> None:
+    book = (
+        Playbook(borrowed(cached=None))
+        >> START
+        << act.AcquireServer()
+        >> ev.ServerGranted()
+        >> CONNECTED
+        >> ev.ServerClosed("reset by peer")
+        << act.Requeue("connection lost before its greeting: reset by peer", capacity=False)
+        >> ev.ServerReused(REUSED)  # another's connection, idle now: its greeting
+        << to_c(GREETING)
+        << act.ReleaseServer(MEMO)
+    )
+    assert book
+
+
+def test_a_failed_dial_waits_again_and_a_reused_connection_then_carries_the_mail() -> None:
+    """The shell judges a failed dial (others of ours up: capacity, the transaction
+    waits again); what comes next may be an idle connection: the held commands go out
+    on it, and the MX's reply to MAIL is MAIL's (no set-up greeting is awaited)."""
+    book = (
+        waiting()
+        >> ev.ServerGranted()
+        >> ev.ServerConnectFailed("connection refused")
+        << act.Requeue("the connect failed: connection refused", capacity=False)
+        >> ev.ServerReused(REUSED)
+        << to_s(MAIL)
+        << to_s(RCPT)
+        << to_s(DATA)
+        >> s(b"250 2.1.0 Ok\r\n")
+        << to_c(b"250 2.1.0 Ok\r\n")
+    )
+    assert book
+
+
+def test_a_failed_dial_the_shell_will_not_retry_is_421_4_4_1() -> None:
+    unreachable = b"421 4.4.1 mailsluice Error: destination not reachable, try again later\r\n"
+    book = (
+        waiting()
+        >> ev.ServerGranted()
+        >> ev.ServerConnectFailed("connection refused")
+        << act.Requeue("the connect failed: connection refused", capacity=False)
+        >> ev.ServerConnectFailed("connection refused")  # nothing of ours up: no capacity
+        << to_c(unreachable)
+        << act.CloseClient()
+    )
+    assert book
+
+
+SHUTTING_DOWN = b"421 4.3.2 mailsluice Service shutting down, try again later\r\n"
+
+
+def test_shutdown_ends_a_session_that_waits_for_a_slot_at_once() -> None:
+    """Nothing of its transaction reached the MX: it is not kept through the grace, nor
+    started on a connection the destination would open while the proxy drains."""
+    book = (
+        waiting()
+        >> ev.ShutdownRequested()
+        << to_c(SHUTTING_DOWN)
+        << act.CancelAcquire()
+        << act.CloseClient()
+    )
+    assert book
+
+
+def test_shutdown_ends_a_first_contact_waiting_for_its_greeting() -> None:
+    book = (
+        Playbook(borrowed(cached=None))
+        >> START
+        << act.AcquireServer()
+        >> ev.ShutdownRequested()
+        << to_c(SHUTTING_DOWN)
+        << act.CancelAcquire()
+        << act.CloseClient()
+    )
+    assert book

@@ -309,7 +309,7 @@ class PacedWaitingRoom(RuleBasedStateMachine):
             return  # the timer that lets it go fires now
         share = destination.share
         assert share.in_use >= share.limit, "room, a grant allowed, and someone waits"
-        for busy, idle, waiting in share.tenants().values():
+        for _busy, idle, waiting in share.tenants().values():
             assert not (idle and waiting), "an idle connection of a waiting tenant"
 
 

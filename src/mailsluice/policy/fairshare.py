@@ -11,11 +11,14 @@ from us at once. Every connection is a *slot* held by one tenant, in one of thre
 A tenant asks for a slot per transaction (``ask``). The answer is a ``Grant`` at once
 (its own idle connection, or a new one while the destination has room), or a wait in
 line. A slot that frees goes to the waiting tenant holding the fewest slots (max-min
-fairness, each tenant's count divided by its weight); ties go to the tenant that has
-been served least (deficit round robin: grants received, per weight), then to the
-oldest ticket. The sharing is work-conserving: a slot is never left free while someone
-waits, and an idle connection of one tenant is reclaimed (``Reclaim``: the shell says
-QUIT) as soon as another waits for room.
+fairness, each tenant's count divided by its weight); ties go first to a tenant with
+an idle connection of its own (it keeps its share with no QUIT and no new dial), then to
+the tenant that has been served least (deficit round robin: grants received, per
+weight), then to the oldest ticket. The sharing is work-conserving: a slot is never left
+free while someone waits, and an idle connection of one tenant is reclaimed
+(``Reclaim``: the shell says QUIT) as soon as another, holding fewer, waits for room,
+unless its own tenant waits too and the move would only swap the odd slot of a limit
+the tenants cannot share evenly: that slot moves once per ``SWAP_QUANTUM`` of service.
 
 A destination may also be paced (``pacing``: a message rate, a suspension): the shell
 sets ``allowance``, the grants that may go now, before each fact. Within it the grants
@@ -33,7 +36,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["FairShare", "Grant", "Reclaim", "Directive"]
+__all__ = ["FairShare", "Grant", "Reclaim", "Directive", "SWAP_QUANTUM"]
+
+# Grants (per weight) by which a tenant may lead a waiting one before its idle connection
+# is taken for it when the move would not raise the least share (the odd slot of a limit
+# that tenants cannot share evenly): a bounded deficit instead of a QUIT per transaction.
+SWAP_QUANTUM = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +230,9 @@ class FairShare:
         while self._tickets and self.allowance != 0:
             room = self._on_the_way()  # each covers one waiting ticket
             granted = False
+            ahead: dict[str, int] = {}  # the tenant's tickets before this one in line
             for tenant in self._line():
+                k = ahead[tenant] = ahead.get(tenant, -1) + 1
                 record = self._tenants[tenant]
                 if record.idle:  # its own idle connection: no dial, no new slot
                     record.idle -= 1
@@ -235,7 +245,7 @@ class FairShare:
                     break
                 if room:
                     room -= 1
-                elif (victim := self._idle_victim()) is not None:
+                elif (victim := self._idle_victim(tenant, k)) is not None:
                     # Its slot frees when the connection is gone: the grant comes then,
                     # so the MX never sees more than the limit.
                     self._tenants[victim].idle -= 1
@@ -248,14 +258,20 @@ class FairShare:
 
     def _line(self) -> list[str]:
         """The waiting tickets in fair order, as the tenant each belongs to: the k-th
-        ticket of a tenant ranks as if the k-1 before it had been granted."""
-        ranked: list[tuple[float, float, int, str]] = []
+        ticket of a tenant ranks as if the k-1 before it had been granted.
+
+        Between tenants holding as many slots (per weight), one with an idle connection
+        of its own goes first: it keeps what is its fair share, with no QUIT and no new
+        dial (a tie broken by service alone would close the connection only for another
+        tenant, holding as many, to dial a new one). Service breaks the remaining ties."""
+        ranked: list[tuple[float, int, float, int, str]] = []
         for name, record in self._tenants.items():
             held = record.busy + record.idle
+            keeps = 0 if record.idle else 1
             for k, ticket in enumerate(record.waiting):
                 share = (held + k) / record.weight
                 served = record.served + k / record.weight
-                ranked.append((share, served, self._tickets[ticket][1], name))
+                ranked.append((share, keeps, served, self._tickets[ticket][1], name))
         ranked.sort()
         return [name for *_, name in ranked]
 
@@ -277,12 +293,34 @@ class FairShare:
         closing = self._closing()
         return max(0, min(closing, self._limit - (self.in_use - closing)))
 
-    def _idle_victim(self) -> str | None:
-        """The idle connection to reclaim: of the tenant holding the most, per weight."""
-        holders = [n for n, t in self._tenants.items() if t.idle]
+    def _idle_victim(self, waiter: str | None = None, k: int = 0) -> str | None:
+        """The idle connection to reclaim (for ``waiter``'s k-th waiting ticket, if given):
+        of the tenant holding the most, per weight, among those it may be taken from.
+
+        An idle connection whose tenant has no ticket waiting serves nobody: it may go.
+        One whose tenant waits too is kept for that tenant unless the waiter holds
+        nothing, moving it raises the least share (max-min: the holder keeps more than
+        the waiter has now), or the holder has been served ``SWAP_QUANTUM`` more grants
+        (per weight) than the waiter.
+        Between tenants one slot apart (a limit they cannot share evenly: 10 slots, three
+        tenants) the odd slot then moves once per quantum of service, not at every
+        transaction: each move costs a QUIT and a dial, and the deficit stays bounded."""
+        holders = [n for n, t in self._tenants.items() if t.idle and n != waiter]
+        if waiter is not None:
+            holders = [n for n in holders if self._may_take(n, waiter, k)]
         if not holders:
             return None
         return max(holders, key=lambda n: self._tenants[n].held / self._tenants[n].weight)
+
+    def _may_take(self, holder: str, waiter: str, k: int) -> bool:
+        """May ``holder``'s idle connection go to ``waiter``'s k-th waiting ticket?"""
+        have, wants = self._tenants[holder], self._tenants[waiter]
+        if not have.waiting or not wants.busy + wants.idle + k:
+            return True  # it serves nobody, or the waiter has nothing going at all
+        now = (wants.busy + wants.idle + k) / wants.weight  # as ``_line`` ranks it
+        if (have.busy + have.idle - 1) / have.weight > now:
+            return True  # the least share rises
+        return have.served - (wants.served + k / wants.weight) >= SWAP_QUANTUM
 
     def _grant(self, tenant: str, *, reuse: bool) -> Grant:
         record = self._tenants[tenant]

@@ -12,6 +12,8 @@ it one refusal at a time:
   step per round of the slots), and never within ``quiet`` seconds of a refusal;
 * on a capacity refusal with ``open`` connections up, set it to ``open`` at once (the
   MX has just said where its cap is), never below ``floor``;
+* a limit remembered across a restart is where the last refusal left it: the quiet
+  period runs from the restart before probing above it;
 * never above ``ceiling`` (20, Postfix's default destination concurrency) unless the
   operator configures one.
 
@@ -44,13 +46,17 @@ class LearnedLimit:
         *,
         fixed: int | None = None,
         remembered: int | None = None,
+        now: float | None = None,
     ) -> None:
         self._rules = rules
         self._fixed = fixed
         start = fixed or remembered or rules.start
         self.value = max(rules.floor, start if fixed else min(start, rules.ceiling))
         self._credit = 0.0  # accepted transactions at full use since the last step up
-        self.last_refusal: float | None = None
+        # A remembered limit (read back at ``now``, after a restart) is where the MX
+        # refused us last: it is kept a quiet period before probing above it again, as
+        # after a refusal (otherwise every restart costs the MX's refusal anew).
+        self.last_refusal: float | None = now if remembered and fixed is None else None
         self.refusals = 0
 
     @property

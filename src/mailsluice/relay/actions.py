@@ -136,8 +136,9 @@ class CancelAcquire:
 @dataclass(frozen=True, slots=True)
 class Requeue:
     """The connection just given was refused before the transaction could use it (a 421
-    greeting, a reset during set-up): close it; if the MX refused for capacity, learn
-    its limit and put the transaction back in line, else answer ``ServerConnectFailed``."""
+    greeting, a failed dial, a reset during set-up): close it; if the MX refused for
+    capacity (it said so, or others of ours are up), learn its limit and put the
+    transaction back in line, else answer ``ServerConnectFailed``."""
 
     reason: str
     capacity: bool  # the MX said so (a capacity greeting); else the shell judges

@@ -19,10 +19,14 @@ back (``ReleaseServer``) as soon as the transaction is over:
   HELO) name, STARTTLS when offered (``upgrade``), and EHLO again, all ours; then the
   held commands go out. A reused one is ready (or gets the EHLO again, when the client
   used another name).
-* **capacity refusals are ours.** A set-up greeting that says the MX has too many of
-  our connections (``capacity_refusal``), or a connection lost during the set-up, is
-  ``Requeue``: the shell learns the limit and puts the transaction back in line; the
-  tenant never sees it. Every other reply of the MX reaches the client unchanged.
+* **capacity refusals are ours.** A greeting that says the MX has too many of our
+  connections (``capacity_refusal``: at a set-up of ours, or at a first contact, whose
+  client then keeps waiting for its greeting), a failed dial, or a connection lost
+  during the set-up (or before a first contact's greeting) is ``Requeue``: the shell
+  judges (others of ours up: capacity), learns the limit and puts the transaction back
+  in line; the tenant never sees it. When the shell will not (nothing of ours is up),
+  ``ServerConnectFailed`` follows: ``421 4.4.1``. Every other reply of the MX reaches
+  the client unchanged.
 
 The rule that never bends is untouched: the client's 2xx to end-of-data is still the
 MX's 2xx, relayed as it came.
@@ -185,27 +189,60 @@ class BorrowedLease:
             self._state.move_link(Link.SETUP)
             self._send_hello()
 
-    def setup_greeting(self, reply: Reply) -> None:
-        if reply.code == 220:
+    def greeting(self, sent: Sent, reply: Reply) -> bool:
+        if sent.slot is not None:  # first contact: the client waits for this greeting
+            if not self._says_full(reply):
+                return False  # the MX's answer: the client's, as it came
+            self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+            self._state.awaiting.appendleft(sent)  # still owed: from the next connection
+            self._requeue(f"the MX has too many of our connections: {reply.transcript()}",
+                          capacity=True)  # fmt: skip
+            return True
+        if reply.code == 220:  # our own set-up's
             self._greeting = reply
             self._send_hello()
-            return
+            return True
         self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
-        capacity = self._capacity
-        if reply.is_transient and capacity is not None and capacity.search(reply.text):
+        if self._says_full(reply):
             reason = f"the MX has too many of our connections: {reply.transcript()}"
             self._requeue(reason, capacity=True)
-            return
+            return True
         self._out.note("the MX refused the connection")
         self._relay.fail(reply, "upstream-refused")
+        return True
 
-    def setup_lost(self, reason: str) -> None:
-        self._requeue(f"connection lost during its set-up: {reason}", capacity=False)
+    def _says_full(self, reply: Reply) -> bool:
+        """A capacity refusal: the MX has too many connections of ours."""
+        capacity = self._capacity
+        return reply.is_transient and capacity is not None and bool(capacity.search(reply.text))
+
+    def lost_before_use(self, reason: str) -> bool:
+        link = self._state.link
+        if link is Link.SETUP:
+            what = "connection lost during its set-up"
+        elif link is Link.DIALLING:
+            what = "the connect failed"
+        elif link is Link.OPEN and self._first_contact_waits():
+            what = "connection lost before its greeting"
+        else:
+            return False  # in use, or the shell already said it will not wait again
+        self._requeue(f"{what}: {reason}", capacity=False)
+        return True
+
+    def _first_contact_waits(self) -> bool:
+        """A first contact whose client still waits for the MX's greeting."""
+        awaiting = self._state.awaiting
+        head = awaiting[0] if awaiting else None
+        return head is not None and head.what is Await.GREETING and head.slot is not None
 
     def _requeue(self, reason: str, *, capacity: bool) -> None:
         state = self._state
         self._out.note(f"{reason}; the transaction waits for a connection again")
+        first = state.awaiting[0] if self._first_contact_waits() else None
         state.awaiting.clear()  # only our own set-up was out: the held commands wait on
+        if first is not None:  # the client's greeting comes from the next connection
+            first.timeout = None
+            state.awaiting.append(first)
         state.move_link(Link.WANTED)
         self._out.add(act.Requeue(reason, capacity))
 

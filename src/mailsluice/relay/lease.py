@@ -86,11 +86,16 @@ class Lease(Protocol):
     def connected(self) -> None:
         """The dial succeeded (the link is DIALLING)."""
 
-    def setup_greeting(self, reply: Reply) -> None:
-        """Late binding: the MX's greeting to our own set-up."""
+    def greeting(self, sent: Sent, reply: Reply) -> bool:
+        """The MX's greeting (``sent`` is its entry, just taken off ``awaiting``): True when
+        the lease took it (late binding: our own set-up's, or a capacity refusal at a
+        first contact, which puts the session back in line); False: it goes to the client."""
 
-    def setup_lost(self, reason: str) -> None:
-        """Late binding: the connection went away before the transaction could use it."""
+    def lost_before_use(self, reason: str) -> bool:
+        """The connection failed before a transaction used it (the dial, or a close
+        during the set-up or before a first contact's greeting): True when the lease puts
+        the session back in line (late binding; the shell judges whether it waits
+        again); False: the relay's usual failure."""
 
     def wait_ran_out(self) -> None:
         """Late binding: ``hold_max`` passed with no slot."""
@@ -199,11 +204,11 @@ class DedicatedLease:
     def connected(self) -> None:
         self._state.move_link(Link.OPEN)
 
-    def setup_greeting(self, reply: Reply) -> None:
-        raise IllegalMove("the client drives a dedicated link's set-up")
+    def greeting(self, sent: Sent, reply: Reply) -> bool:
+        return False  # the client's, always: it drives a dedicated link's set-up
 
-    def setup_lost(self, reason: str) -> None:
-        raise IllegalMove("the client drives a dedicated link's set-up")
+    def lost_before_use(self, reason: str) -> bool:
+        return False  # nothing to wait for: the session has no other connection coming
 
     def wait_ran_out(self) -> None:
         raise IllegalMove("a dedicated link is never waited for")

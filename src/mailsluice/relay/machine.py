@@ -206,8 +206,9 @@ class Relay:
                 self._lease.reused(upstream)
             case ev.ServerConnectFailed(reason):
                 self._out.note(f"cannot connect: {reason}")
-                state.move_link(Link.GONE)
-                self.fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
+                if not self._lease.lost_before_use(reason):
+                    state.move_link(Link.GONE)
+                    self.fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
             case ev.ServerClosed(reason):
                 self._server_closed(reason)
             case ev.TlsStarted(version, cipher, verified):
@@ -439,9 +440,8 @@ class Relay:
                 self.protocol_error(f"unexpected reply: {reply.transcript()}")
             return
         sent = state.awaiting.popleft()
-        if sent.slot is None and sent.what is Await.GREETING:  # a late set-up's own
-            self._lease.setup_greeting(reply)
-            return
+        if sent.what is Await.GREETING and self._lease.greeting(sent, reply):
+            return  # late binding: a set-up's own, or a capacity refusal (back in line)
         if reply.code == 421 and sent.what is not Await.QUIT:
             self._mx_closing(reply)
             return
@@ -482,9 +482,8 @@ class Relay:
         link = state.link
         if link is Link.GONE:
             return  # we closed it ourselves, or handed it back
-        if link is Link.SETUP:  # a late set-up: not the tenant's business
-            self._lease.setup_lost(reason)
-            return
+        if self._lease.lost_before_use(reason):
+            return  # before any transaction used it: not the tenant's business
         state.move_link(Link.GONE)
         self._out.note(f"upstream closed: {reason}")
         if state.awaits(Await.QUIT):
@@ -621,10 +620,14 @@ class Relay:
             self._out.ours_to_server(b"QUIT")
 
     def _maybe_goodbye(self) -> None:
+        """Shutting down: end the session once it is idle, or at once while it waits for
+        a slot (late binding: nothing of its transaction reached the MX, and none starts
+        on a new connection while the proxy drains)."""
         state = self._state
-        if (
-            state.draining
-            and state.stage is Stage.COMMANDS
+        if not state.draining:
+            return
+        if state.link is Link.WANTED or (
+            state.stage is Stage.COMMANDS
             and not state.owed
             and not state.awaiting
             and self._out.account.transaction is None

@@ -94,7 +94,8 @@ _LINK_MOVES = {
     # OPEN: the client drives the set-up; SETUP: we do; WANTED: refused, back in line
     Link.DIALLING: frozenset({Link.OPEN, Link.SETUP, Link.WANTED, Link.GONE}),
     Link.SETUP: frozenset({Link.OPEN, Link.HANDSHAKE, Link.WANTED, Link.GONE}),
-    Link.OPEN: frozenset({Link.HANDSHAKE, Link.NONE, Link.GONE}),  # NONE: handed back
+    # NONE: handed back; WANTED: refused at a first contact's greeting, back in line
+    Link.OPEN: frozenset({Link.HANDSHAKE, Link.NONE, Link.WANTED, Link.GONE}),
     Link.HANDSHAKE: frozenset({Link.OPEN, Link.SETUP, Link.GONE}),
     Link.GONE: frozenset(),
 }

@@ -161,7 +161,6 @@ class ConnectionHandler:
             self._destination = fair.get(key)
             self._tenant = services.tenant_of(peer[0])
             cached = self._destination.memo
-            self.mx.refused = self._dial_refused
         reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
         self.relay = Relay(
             config=services.relay_config,
@@ -290,8 +289,10 @@ class ConnectionHandler:
                 self._feed(ev.ClientClosed())
         elif self.mx.transport is not None:
             self.mx.transport = None
-            self._let_go()
+            # The relay first: a connection lost during its set-up goes back in line
+            # (``Requeue``), which needs the slot it held; otherwise the slot is free.
             self._feed(ev.ServerClosed(reason))
+            self._let_go()
 
     def on_write_paused(self, to_client: bool, paused: bool) -> None:
         other = self.mx.transport if to_client else self._client
@@ -437,12 +438,6 @@ class ConnectionHandler:
         self._ticket = fair.ticket()
         failed = partial(self._refusal_failed, ev.ServerConnectFailed(reason))
         destination.refused(hold, self._ticket, self._granted, failed, capacity=capacity)
-
-    def _dial_refused(self, reason: str) -> bool:
-        """A dial refused or reset: the scheduler judges (capacity when other connections
-        of ours are up); always handled here."""
-        self._requeue(reason, capacity=False)
-        return True
 
     def _refusal_failed(self, event: ev.Event) -> None:
         self._ticket = None

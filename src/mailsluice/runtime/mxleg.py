@@ -66,7 +66,7 @@ class MxLeg:
     """The MX side of one connection."""
 
     __slots__ = ("_feed", "_key", "_opened_at", "_outbound", "_protocol", "_services",
-                 "_sessions", "_source", "destination", "hold", "refused", "transport")  # fmt: skip
+                 "_sessions", "_source", "destination", "hold", "transport")  # fmt: skip
 
     def __init__(
         self,
@@ -87,8 +87,6 @@ class MxLeg:
         self._opened_at = 0.0  # loop time of the dial
         self._sessions = 0  # client sessions before this one on the connection
         self.hold: Hold | None = None  # fair sharing: the slot this connection counts in
-        # fair sharing: a dial refused or reset may be the MX's capacity (True: handled)
-        self.refused: Callable[[str], bool] | None = None
 
     # ------------------------------------------------------------ dial and TLS
     async def connect(self, still_wanted: Callable[[], bool]) -> None:
@@ -111,11 +109,7 @@ class MxLeg:
                 register=self._register,
             )
         except errors.DIAL_ERRORS as exc:
-            event = errors.dial_failed(exc)
-            refused = self.refused
-            if isinstance(event, ev.ServerConnectFailed) and refused and refused(event.reason):
-                return  # back in line for a slot: the MX may have said it was full
-            self._feed(event)
+            self._feed(errors.dial_failed(exc))  # (fair sharing: the relay may wait again)
             return
         if not still_wanted():
             transport.close()

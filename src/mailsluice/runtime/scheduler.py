@@ -137,7 +137,7 @@ class LocalScheduler:
             limits = self._limits(index)
             limit = LearnedLimit(
                 self._rules, fixed=self._fixed_for(key, limits),
-                remembered=self._remembered.get(key),
+                remembered=self._remembered.get(key), now=self._clock(),
             )  # fmt: skip
             destination = _Destination(
                 FairShare(limit.value, self._tenant_weight), limit,

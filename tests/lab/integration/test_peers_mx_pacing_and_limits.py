@@ -175,3 +175,22 @@ async def test_the_sender_stops_at_a_421_to_a_recipient() -> None:
     assert list(result.refused) == ["r1@mx.test"]  # r2 was never asked: the MX hung up
     assert result.refused["r1@mx.test"][0] == 421
     assert len(mx.ledger) == 0
+
+
+async def test_the_mx_stops_listening_resets_its_connections_and_comes_back() -> None:
+    async with ScriptedMX() as mx:
+        held = await RawSMTPClient.connect(mx.host, mx.port)
+        assert (await held.read_reply()).code == 220
+        mx.stop_listening()
+        with pytest.raises(ConnectionRefusedError):
+            await RawSMTPClient.connect(mx.host, mx.port)
+        assert (await held.ehlo()).code == 250  # the open connection goes on
+        assert mx.reset_connections() == 1
+        assert (await held.read_reply_or_close()) is None
+        assert held.conn.was_reset
+        await mx.wait_sessions_done(1)
+        assert mx.reset_connections() == 0
+        await mx.listen_again()
+        async with await RawSMTPClient.connect(mx.host, mx.port) as again:
+            assert (await again.read_reply()).code == 220
+        held.close()

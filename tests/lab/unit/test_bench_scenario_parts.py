@@ -322,7 +322,7 @@ def test_common_options_resolve_variants_and_refuse_nonsense(
     assert args.argv == ["--via", "postfix, direct", "--out", "x"]
     everything = driver.parse(driver.parser("fairness", "test"), [])
     assert isinstance(everything, argparse.Namespace)
-    assert everything.variants == ("mailsluice", "postfix", "direct")
+    assert everything.variants == ("mailsluice", "mailsluice-fcfs", "postfix", "direct")
     assert driver.parse(driver.parser("fairness", "test"), ["--via", "nginx"]) == 2
     assert "unknown variant(s) ['nginx']" in capsys.readouterr().err
     assert driver.parse(driver.parser("fairness", "test"), [], lambda a: "--limit: too small") == 2

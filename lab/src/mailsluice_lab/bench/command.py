@@ -14,6 +14,7 @@ BENCHMARKS = {
     "congestion": "the study's congestion experiment (namespaces, root)",
     "resources": "resource use of the aggregation point (namespaces, root)",
     "fairness": "fairness under a per-client connection limit (namespaces, root)",
+    "unequal": "one heavy tenant and light ones at a connection limit (namespaces, root)",
     "suite": "congestion, resources and fairness, one README",
     "relay-core": "CPU of the pure relay per session (no I/O)",
     "log-writer": "records per second through the session log's writer",
@@ -49,6 +50,10 @@ def main(argv: list[str]) -> int:
         from mailsluice_lab.bench.scenarios import fairness
 
         return fairness.main(rest)
+    if name == "unequal":
+        from mailsluice_lab.bench.scenarios import unequal
+
+        return unequal.main(rest)
     if name == "resources":
         from mailsluice_lab.bench.scenarios import resources
 

@@ -1,7 +1,11 @@
 """The forwarders the relay benchmark compares, each started in front of the sink.
 
 - direct: no forwarder, smtp-source talks to smtp-sink (the ceiling);
-- mailsluice: `mailsluice serve --upstream` with SQLite (or JSONL) session logging;
+- mailsluice: `mailsluice serve --upstream` with SQLite (or JSONL) session logging, fair
+  sharing on (the default); mailsluice-fcfs: the same with fair sharing off (a connection
+  per session, as before issue 13); mailsluice-reuse: fair sharing off, connection reuse on
+  (with fair sharing on, `reuse_connections` is not used: the tenant's idle connections are);
+  mailsluice-trace: filter mode with the trace-header filter;
 - nginx: an nginx `stream` TCP proxy (a plain forwarder, no SMTP parsing);
 - postfix: a throwaway store-and-forward Postfix instance relaying to the sink.
 
@@ -97,12 +101,21 @@ def _mailsluice_missing() -> str | None:
 TRACE_FILTER_CONFIG = '[[filters]]\ntype = "trace-header"\n'
 
 
-REUSE_CONFIG = "reuse_connections = true\n"
+# Fair sharing off through the file: `serve --no-fair-sharing` does not start for now
+# (tests/unit/test_cli_fair_flag.py); the setting is the same.
+NO_FAIR_CONFIG = "[fair_sharing]\nenabled = false\n"
+REUSE_CONFIG = "reuse_connections = true\n" + NO_FAIR_CONFIG
 
 
 def _mailsluice_reuse(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
-    """mailsluice keeping MX connections for the client's next session."""
+    """mailsluice keeping MX connections for the client's next session (the connection
+    reuse pool, which works only with fair sharing off)."""
     return _mailsluice(ctx, config=REUSE_CONFIG)
+
+
+def _mailsluice_fcfs(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
+    """mailsluice without fair sharing: a connection per session, first come first served."""
+    return _mailsluice(ctx, config=NO_FAIR_CONFIG)
 
 
 def _mailsluice_trace(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
@@ -373,10 +386,12 @@ async def _stop_postfix(postfix: Callable[[str], Awaitable[int]], master: int) -
 
 VARIANTS: tuple[Variant, ...] = (
     Variant("direct", "smtp-source straight to smtp-sink", lambda: None, _direct),
-    Variant("mailsluice", "mailsluice serve --upstream, session log on", _mailsluice_missing,
-            _mailsluice),
-    Variant("mailsluice-reuse", "mailsluice with connection reuse toward the MX",
-            _mailsluice_missing, _mailsluice_reuse),
+    Variant("mailsluice", "mailsluice serve --upstream, session log on, fair sharing on",
+            _mailsluice_missing, _mailsluice),
+    Variant("mailsluice-fcfs", "mailsluice with fair sharing off (a connection per session)",
+            _mailsluice_missing, _mailsluice_fcfs),
+    Variant("mailsluice-reuse", "mailsluice with connection reuse toward the MX (fair sharing "
+            "off)", _mailsluice_missing, _mailsluice_reuse),
     Variant("mailsluice-trace", "mailsluice with the trace-header filter (filter mode)",
             _mailsluice_missing, _mailsluice_trace),
     Variant("pyforward", "a minimal uvloop byte forwarder (the floor of a Python relay)",

@@ -24,6 +24,9 @@ RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("mailsluice-reuse", "nginx", 0.5),  # the same goals with connection reuse on
     ("mailsluice-reuse", "postfix", 2.0),
     ("mailsluice-trace", "mailsluice", 0.7),  # issue 5: filtering costs at most 30%
+    ("mailsluice", "mailsluice-fcfs", None),  # issue 13: fair sharing on vs off, uncontended
+    ("mailsluice-fcfs", "nginx", None),
+    ("mailsluice-fcfs", "postfix", None),
     ("pyforward", "nginx", None),  # how far any Python relay gets here
     ("mailsluice", "pyforward", None),
     ("mailsluice-reuse", "pyforward", None),

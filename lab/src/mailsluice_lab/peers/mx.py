@@ -20,7 +20,9 @@ configuration:
 * ``connection_limit``: at most that many connections per client address; above it the
   greeting is ``421 4.7.0`` and the connection is closed (Postfix's
   ``smtpd_client_connection_count_limit``).  Every MX counts connections per client
-  (``active``, ``peak``), limited or not; ``stats()`` sums them up.
+  (``active``, ``peak``), limited or not; ``stats()`` sums them up, and
+  ``connection_log()`` gives each connection's client, times and outcome (the refusals
+  included, with their time).
 * ``lenient=SMUGGLING_SEQUENCES`` (or any subset): treat those sloppy sequences as end-of-data
   too, like a vulnerable receiver; a smuggled transaction then shows up as a second message.
 * ``starttls_injection=b"250-X\\r\\n250 SIZE 1\\r\\n"``: the 220 to STARTTLS is followed, in the
@@ -29,6 +31,10 @@ configuration:
   TLS record each), to test reply reassembly.
 * ``recorders``: a record kept besides the ledger (:mod:`.recorders`: the demo's maildir,
   the benchmarks' delivery CSV).
+
+An MX that goes down and comes back, while the test runs: ``stop_listening()`` (a connect
+is refused, the connections open go on), ``listen_again()`` (same port), and
+``reset_connections()`` (an RST on every open connection, as a crash).
 
 Every session records its raw command lines, body bytes, all bytes received and sent, the
 plaintext pipelined after STARTTLS, and the faults that fired (``transcript=False`` drops the
@@ -45,9 +51,12 @@ import itertools
 import random
 import re
 import ssl
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from mailsluice_lab.peers.faults import Fault
 from mailsluice_lab.peers.ledger import Ledger, StoredMessage
@@ -65,6 +74,7 @@ from mailsluice_lab.peers.mx_state import (
 from mailsluice_lab.peers.stream import BufferedConnection
 
 __all__ = [
+    "ConnectionEntry",
     "DEFAULT_CAPABILITIES",
     "SMUGGLING_SEQUENCES",
     "STRICT_END",
@@ -72,6 +82,23 @@ __all__ = [
     "ScriptedMX",
     "SessionRecord",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionEntry:
+    """One connection to the MX: its session number (0 for a refusal), the client's
+    address, when it was accepted and ended (epoch seconds), ``served`` or ``refused``."""
+
+    number: int
+    client: str
+    opened_at: float
+    closed_at: float | None
+    outcome: str
+
+
+def _client(peer: Any) -> str:
+    """The client's address (host only) of a socket address."""
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 class ScriptedMX:
@@ -143,6 +170,8 @@ class ScriptedMX:
         self.peak: Counter[str] = Counter()
         #: Connections refused with 421 because their client was at ``connection_limit``.
         self.refused_over_limit = 0
+        #: (epoch seconds, client address) of each of those refusals.
+        self.refusals: list[tuple[float, str]] = []
         #: Unexpected exceptions inside the MX (bugs); re-raised at exit.
         self.errors: list[BaseException] = []
         self._transcript = transcript
@@ -196,9 +225,23 @@ class ScriptedMX:
             "peak_connections_per_client": dict(sorted(self.peak.items())),
         }
 
+    def connection_log(self) -> list[ConnectionEntry]:
+        """Every connection so far, in order of arrival: the sessions (``served``; an open
+        one has ``closed_at`` None) and the 421 refusals over the limit (``refused``)."""
+        served = [
+            ConnectionEntry(r.number, _client(r.peer), r.opened_at, r.closed_at, "served")
+            for r in self.sessions
+        ]
+        refused = [ConnectionEntry(0, c, t, t, "refused") for t, c in self.refusals]
+        return sorted(served + refused, key=lambda e: e.opened_at)
+
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> ScriptedMX:
         self._group = await self._stack.enter_async_context(asyncio.TaskGroup())
+        await self._listen()
+        return self
+
+    async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: BufferedConnection(self._on_connected, keep_transcript=self._transcript),
@@ -208,7 +251,25 @@ class ScriptedMX:
             reuse_address=True,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        return self
+
+    # -- an MX going down and coming back ------------------------------------------------
+    def stop_listening(self) -> None:
+        """Stop accepting: a connect is now refused; the connections open go on."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+
+    async def listen_again(self) -> None:
+        """Accept connections again, on the same port (after ``stop_listening``)."""
+        if self._server is None and not self._closing:
+            await self._listen()
+
+    def reset_connections(self) -> int:
+        """Reset (RST) every connection open now, as an MX that crashed; how many."""
+        live = [record for record in self.sessions if not record.done.is_set()]
+        for record in live:
+            record.conn.reset()
+        return len(live)
 
     async def __aexit__(
         self,
@@ -243,14 +304,17 @@ class ScriptedMX:
         peer = conn.transport.get_extra_info("peername") if conn.transport is not None else None
         for recorder in self._recorders:
             recorder.connection_accepted(peer_text(peer))
-        client = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        client = _client(peer)
         limit = self.config.connection_limit
         if limit and self.active[client] >= limit:
             self.refused_over_limit += 1
+            self.refusals.append((time.time(), client))
             conn.write(f"421 4.7.0 Error: too many connections from {client}\r\n".encode())
             conn.close()
             return
-        record = SessionRecord(number=len(self.sessions) + 1, conn=conn, peer=peer)
+        record = SessionRecord(
+            number=len(self.sessions) + 1, conn=conn, peer=peer, opened_at=time.time()
+        )
         try:
             task = self._group.create_task(self._serve(record, client))
         except RuntimeError:  # the group is shutting down
@@ -273,6 +337,7 @@ class ScriptedMX:
             self.errors.append(exc)
         finally:
             self.active[client] -= 1
+            record.closed_at = time.time()
             record.conn.close()
             record.done.set()
             self._changed.set()

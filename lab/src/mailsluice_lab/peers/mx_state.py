@@ -128,6 +128,9 @@ class SessionRecord:
     error: str | None = None
     #: The client went away in the middle of a message body (nothing stored for it).
     ended_in_data: bool = False
+    #: When the MX accepted the connection and when the session ended (epoch seconds).
+    opened_at: float = 0.0
+    closed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

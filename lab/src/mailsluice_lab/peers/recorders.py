@@ -6,10 +6,13 @@
   test can prove that no connection reached the MX. Files appear atomically (written,
   then renamed). Read back with :func:`read_maildir` and :func:`read_connections`.
 * :class:`DeliveryRecorder` (the scenario benchmarks): one CSV row per message,
-  ``mx, tenant, message_id, sent_at, received_at``; the tenant, the id and ``sent_at`` come
-  from the ``X-Bench-Tenant``, ``X-Bench-Id`` and ``X-Bench-Sent`` headers the tenant put
-  in, ``received_at`` is when the MX took the message. Rows are buffered and written by
+  ``mx, tenant, message_id, sent_at, received_at, connection``; the tenant, the id and
+  ``sent_at`` come from the ``X-Bench-Tenant``, ``X-Bench-Id`` and ``X-Bench-Sent`` headers
+  the tenant put in, ``received_at`` is when the MX took the message, ``connection`` the
+  number of the MX session that carried it. Rows are buffered and written by
   :meth:`DeliveryRecorder.flush`.
+* :func:`write_connection_log`: the MX's connections (``ScriptedMX.connection_log``) as a
+  CSV, ``mx, connection, client, opened_at, closed_at, outcome``.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from mailsluice_lab.peers.ledger import StoredMessage
 
 CONNECTIONS_LOG = "connections.log"
-DELIVERY_HEADER = ("mx", "tenant", "message_id", "sent_at", "received_at")
+DELIVERY_HEADER = ("mx", "tenant", "message_id", "sent_at", "received_at", "connection")
+CONNECTION_HEADER = ("mx", "connection", "client", "opened_at", "closed_at", "outcome")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,7 @@ class DeliveryRecorder:
             fields.get("x-bench-id", f"unknown-{self.name}-{self.count}"),
             fields.get("x-bench-sent", ""),
             f"{message.stored_at:.6f}",
+            str(message.connection),
         ))  # fmt: skip
 
     def flush(self) -> None:
@@ -140,3 +146,31 @@ class DeliveryRecorder:
     def close(self) -> None:
         self.flush()
         self.file.close()
+
+
+class LoggedConnection(Protocol):
+    """What :func:`write_connection_log` reads of a connection (``mx.ConnectionEntry``)."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def client(self) -> str: ...
+    @property
+    def opened_at(self) -> float: ...
+    @property
+    def closed_at(self) -> float | None: ...
+    @property
+    def outcome(self) -> str: ...
+
+
+def write_connection_log(
+    path: Path, name: str, entries: Iterable[LoggedConnection], *, now: float
+) -> None:
+    """The connections of MX ``name`` as a CSV; one still open ends at ``now``."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CONNECTION_HEADER)
+        for e in entries:
+            closed = now if e.closed_at is None else e.closed_at
+            writer.writerow((name, e.number, e.client, f"{e.opened_at:.6f}", f"{closed:.6f}",
+                             e.outcome))  # fmt: skip

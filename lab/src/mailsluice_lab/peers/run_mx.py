@@ -7,8 +7,10 @@ its own address and keeps its record in ``DIR`` (:mod:`.recorders`): the deliver
 ``DIR/deliveries-<name>.csv`` (the scenario benchmarks) or the maildir ``DIR/<name>/``
 (the demo, the system tests). ``DIR/mx-ready`` appears once all of them listen; at exit,
 ``DIR/mx-stats.json`` gives per MX the sessions, the messages, the 421 refusals over the
-connection limit and the peak concurrent connections per client. The process runs until
-SIGTERM/SIGINT or ``--max-seconds``.
+connection limit and the peak concurrent connections per client, and
+``DIR/connections-<name>.csv`` each connection of an MX that keeps a delivery CSV (client,
+accepted, ended, served or refused). The process runs until SIGTERM/SIGINT or
+``--max-seconds``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ from pathlib import Path
 from mailsluice_lab.aio import run, stop_event, wait_or_timeout
 from mailsluice_lab.peers.certs import self_signed_context
 from mailsluice_lab.peers.mx import ScriptedMX
-from mailsluice_lab.peers.recorders import DeliveryRecorder, MaildirRecorder
+from mailsluice_lab.peers.recorders import (
+    DeliveryRecorder,
+    MaildirRecorder,
+    write_connection_log,
+)
 
 STATS_NAME = "mx-stats.json"
 READY_NAME = "mx-ready"
 RECORDS = ("deliveries", "maildir")
+
+
+def connections_name(mx: str) -> str:
+    """The file of MX ``mx``'s connection log, in the output directory."""
+    return f"connections-{mx}.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +136,11 @@ async def serve(specs: Sequence[MxSpec], out_dir: Path, max_seconds: float) -> i
             deliveries.close()
         stats = {spec.name: mx.stats() for spec, (mx, _) in zip(specs, built, strict=True)}
         (out_dir / STATS_NAME).write_text(json.dumps(stats))
+        now = time.time()
+        for spec, (mx, recorded) in zip(specs, built, strict=True):
+            if recorded is not None:
+                path = out_dir / connections_name(spec.name)
+                write_connection_log(path, spec.name, mx.connection_log(), now=now)
     return 0
 
 

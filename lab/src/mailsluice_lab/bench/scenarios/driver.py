@@ -27,6 +27,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ DELIVERY_HEADER = ("variant", "scenario", "tenant", "mx", "message_id", "sent_at
                    "received_at", "latency_s")  # fmt: skip
 TOPOLOGY = ("network namespaces (3 tenants, aggregation point, MX), veth links, iptables "
             "REDIRECT for mailsluice")  # fmt: skip
-MakeConfig = Callable[[str, Path, int], RunConfig]  # (variant, workdir, repeat) -> config
+MakeConfig = Callable[..., RunConfig]  # (variant, workdir, repeat=) -> config
 
 
 def parser(scenario: str, description: str) -> argparse.ArgumentParser:
@@ -51,16 +52,20 @@ def parser(scenario: str, description: str) -> argparse.ArgumentParser:
         description=description + " Needs root (network namespaces, iptables).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--via", default="all", help="mailsluice, postfix, direct, a comma list, or all")
+    p.add_argument("--via", default="all", help=f"{', '.join(VARIANTS)}, a comma list, or all "
+                   "(mailsluice: fair sharing on, the default; mailsluice-fcfs: "
+                   "--no-fair-sharing)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path(f"lab/results/{scenario}"),
                    help="directory for the CSVs, summary.json, plots and report.md")  # fmt: skip
     p.add_argument("--msa", choices=("auto", "postfix", "sim"), default="auto",
                    help="tenant MSAs: private Postfix instances, or simulated")  # fmt: skip
     p.add_argument("--deadline", type=float, default=argparse.SUPPRESS,
-                   help="seconds from the first batch until a variant is cut off "
-                   "(default: the injection time + 240)")  # fmt: skip
+                   help="seconds from the first batch (mail held in the MSAs: from its "
+                   "release) until a run is cut off and reported as unfinished (default: "
+                   "the scenario's; see its description)")  # fmt: skip
     p.add_argument("--size", type=int, default=1024, help="message body bytes")
-    p.add_argument("--mailsluice-workers", type=int, default=1)
+    p.add_argument("--mailsluice-workers", type=int, default=1,
+                   help="mailsluice serve --workers (fair sharing: per worker)")  # fmt: skip
     p.add_argument("--keep-workdir", action="store_true", help="keep configs, queues, logs")
     return p
 
@@ -159,7 +164,7 @@ def drive(
     chosen = setup(args)
     args.deadline_s = getattr(args, "deadline", chosen.deadline_s)
 
-    def make(name: str, workdir: Path, repeat: int) -> RunConfig:
+    def make(name: str, workdir: Path, repeat: int = 1) -> RunConfig:
         return RunConfig(
             scenario=scenario, variant=name, plan=chosen.plan, mx=chosen.mx, msa=args.msa_used,
             workdir=workdir, deadline_s=args.deadline_s, size=args.size,
@@ -178,6 +183,16 @@ def _terminate(signum: int, frame: types.FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run of a scenario: what the progress line says, its work directory's name (under
+    the run's work root) and how to make its configuration from that directory."""
+
+    title: str
+    workdir: str
+    make: Callable[[Path], RunConfig]
+
+
 def run_variants(
     scenario: str, args: argparse.Namespace, make: MakeConfig, what: str, repeat: int = 1
 ) -> list[VariantRun] | None:
@@ -185,22 +200,32 @@ def run_variants(
 
     ``what`` describes the load in the progress header (e.g. "6120 messages").
     """
+    jobs = []
+    for number in range(1, repeat + 1):
+        for name in args.variants:
+            if name == "postfix" and args.pf_missing:
+                if number == 1:
+                    args.notes.append(f"postfix variant skipped: {args.pf_missing}")
+                continue
+            label = f" (run {number} of {repeat})" if repeat > 1 else ""
+            jobs.append(Job(f"{name}{label}: {what}", name if repeat == 1 else f"{name}-{number}",
+                            partial(make, name, repeat=number)))  # fmt: skip
+    return run_jobs(scenario, args, jobs)
+
+
+def run_jobs(
+    scenario: str, args: argparse.Namespace, jobs: Iterable[Job]
+) -> list[VariantRun] | None:
+    """Run the jobs one after the other, each in a fresh work directory under one work root
+    (kept with ``--keep-workdir``); None when interrupted (SIGTERM counts as Ctrl-C)."""
     signal.signal(signal.SIGTERM, _terminate)
     workroot = Path(tempfile.mkdtemp(prefix=f"{topology.PREFIX}-{os.getpid()}-"))
     workroot.chmod(0o755)
     runs: list[VariantRun] = []
     try:
-        for number in range(1, repeat + 1):
-            for name in args.variants:
-                if name == "postfix" and args.pf_missing:
-                    if number == 1:
-                        args.notes.append(f"postfix variant skipped: {args.pf_missing}")
-                    continue
-                label = f" (run {number} of {repeat})" if repeat > 1 else ""
-                print(f"== {scenario} via {name}{label}: {what}, MSAs: {args.msa_used}",
-                      file=sys.stderr)  # fmt: skip
-                workdir = workroot / (name if repeat == 1 else f"{name}-{number}")
-                runs.append(run_variant(make(name, workdir, number)))
+        for job in jobs:
+            print(f"== {scenario} via {job.title}, MSAs: {args.msa_used}", file=sys.stderr)
+            runs.append(run_variant(job.make(workroot / job.workdir)))
     except KeyboardInterrupt:
         print("interrupted: every process and namespace of the run was removed", file=sys.stderr)
         return None

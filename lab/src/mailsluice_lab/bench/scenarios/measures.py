@@ -35,10 +35,24 @@ class Received:
     message_id: str
     sent_at: float
     received_at: float
+    connection: int = 0  # the MX session that carried it (0: not known)
 
     @property
     def latency(self) -> float:
         return self.received_at - self.sent_at
+
+
+@dataclass(frozen=True, slots=True)
+class MxConnection:
+    """A connection to an MX: ``served`` (a session, number >= 1) or ``refused`` (421 over
+    the MX's per-client limit, number 0; opened and closed at the refusal)."""
+
+    mx: str
+    number: int
+    client: str
+    opened_at: float
+    closed_at: float
+    outcome: str
 
 
 def first_arrivals(rows: Iterable[Received]) -> tuple[list[Received], int]:

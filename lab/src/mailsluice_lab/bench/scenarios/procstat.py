@@ -173,3 +173,64 @@ class TreeSampler:
             sum(p.read_bytes for p in procs), sum(p.write_bytes for p in procs),
             sum(p.private_kib for p in procs), len(procs),
         )  # fmt: skip
+
+
+def _netns_inode(name: str) -> int | None:
+    with contextlib.suppress(OSError):
+        return os.stat(f"/run/netns/{name}").st_ino
+    return None
+
+
+def _machine_busy_ticks() -> int:
+    """Busy ticks of all CPUs from /proc/stat (user nice system irq softirq; not idle,
+    iowait or steal)."""
+    fields = _read(PROC / "stat").split("\n", 1)[0].split()[1:9]
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = (int(v) for v in fields)
+    return user + nice + system + irq + softirq
+
+
+class CpuShare:
+    """The CPU a run used (its namespaces' processes and this one) and what the rest of
+    the machine used meanwhile, between :meth:`start` and :meth:`stop`: a run on a shared
+    machine is slow for its own reasons only when the rest used little."""
+
+    def __init__(self, namespaces: Sequence[str], clock: Callable[[], float] = time.time) -> None:
+        self._inodes = {i for i in map(_netns_inode, namespaces) if i is not None}
+        self._clock = clock
+        self._first: tuple[float, int, int] | None = None
+
+    def _ours(self) -> int:
+        ticks = 0
+        for pid in live_pids():
+            try:
+                if os.stat(PROC / str(pid) / "ns" / "net").st_ino not in self._inodes:
+                    continue
+                ticks += parse_stat(_read(PROC / str(pid) / "stat"))[1]
+            except (OSError, ValueError):
+                continue
+        own = os.times()  # this process and the children it reaped (postsuper, ...)
+        return ticks + round(
+            (own.user + own.system + own.children_user + own.children_system) * CLK_TCK
+        )
+
+    def _sample(self) -> tuple[float, int, int]:
+        return self._clock(), _machine_busy_ticks(), self._ours()
+
+    def start(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._first = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        """{seconds, machine_cpu_s, run_cpu_s, other_cpu_s} since :meth:`start` (CPU
+        seconds summed over the cores); empty when either sample failed."""
+        if self._first is None:
+            return {}
+        try:
+            now, busy, ours = self._sample()
+        except (OSError, ValueError):
+            return {}
+        began, busy0, ours0 = self._first
+        machine, run = (busy - busy0) / CLK_TCK, (ours - ours0) / CLK_TCK
+        other = max(0.0, machine - run)
+        return {"seconds": round(now - began, 2), "machine_cpu_s": round(machine, 1),
+                "run_cpu_s": round(run, 1), "other_cpu_s": round(other, 1)}  # fmt: skip

@@ -34,77 +34,40 @@ The summary dict (JSON-ready; `stats.summarize_run` builds ``scenario`` and ``va
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mailsluice_lab.bench.scenarios.stats import tenant_label
+from mailsluice_lab.bench.scenarios.cells import (
+    at_mx,
+    completion,
+    cpu_share,
+    fixed,
+    get,
+    light_ratios,
+    light_times,
+    machine_facts,
+    machine_line,
+    nbytes,
+    num,
+    refusals,
+    seconds,
+    table,
+    tenant_times,
+    told,
+)
+
+__all__ = ["REPORT_NAME", "machine_facts", "machine_line", "nbytes", "render", "results",
+           "seconds", "table", "write_report"]  # fmt: skip
 
 REPORT_NAME = "report.md"
 Column = tuple[str, Callable[[Mapping[str, Any]], str]]
 
 
-def _get(entry: Any, *keys: str) -> Any:
-    """entry[k1][k2]... or None when any level is missing or not a mapping."""
-    for key in keys:
-        if not isinstance(entry, Mapping):
-            return None
-        entry = entry.get(key)
-    return entry
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def seconds(value: Any) -> str:
-    """A duration for the table: 12 ms, 3.4 s, 187 s (3.1 min); '-' when unknown."""
-    v = _num(value)
-    if v is None:
-        return "-"
-    if v < 1:
-        return f"{v * 1000:.1f} ms"
-    if v < 100:
-        return f"{v:.1f} s"
-    return f"{v:.0f} s ({v / 60:.1f} min)"
-
-
-def nbytes(value: Any) -> str:
-    """A byte count in KiB/MiB/GiB; '-' when unknown."""
-    v = _num(value)
-    if v is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(v) >= size:
-            return f"{v / size:.1f} {unit}"
-    return f"{v:.0f} B"
-
-
-def _fixed(value: Any, spec: str, suffix: str = "") -> str:
-    v = _num(value)
-    return "-" if v is None else format(v, spec) + suffix
-
-
-def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = [
-        "| " + " | ".join(_cell(h) for h in header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-    ]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return lines
-
-
 def _received(entry: Mapping[str, Any]) -> str:
     received, sent = entry.get("received"), entry.get("sent")
     if received is None:
-        received = _get(entry, "deliveries", "count")
+        received = get(entry, "deliveries", "count")
     if received is None:
         return "-"
     return f"{received} / {sent}" if sent is not None else str(received)
@@ -131,35 +94,31 @@ def _queue_peaks(e: Mapping[str, Any]) -> str:
     return " / ".join(str(q.get(k, "-")) for k in ("active_peak", "incoming_peak", "deferred_peak"))
 
 
-def _tenant_times(e: Mapping[str, Any]) -> str:
-    tenants = _get(e, "fairness", "tenants")
-    if not isinstance(tenants, Mapping) or not tenants:
-        return "-"
-    return ", ".join(
-        f"{tenant_label(str(t))}: {seconds(_get(v, 'completion_s'))}" for t, v in tenants.items()
-    )
-
-
 def _count(value: Any) -> str:
-    return "-" if _num(value) is None else str(value)
+    return "-" if num(value) is None else str(value)
 
 
 def _kib(value: Any) -> str:
-    v = _num(value)
+    v = num(value)
     return nbytes(v * 1024 if v is not None else None)
 
 
 def _figure(*path: str, fmt: Callable[[Any], str] = seconds) -> Callable[[Mapping[str, Any]], str]:
     """A column showing the value at ``path`` inside a variant entry, formatted by ``fmt``."""
-    return lambda entry: fmt(_get(entry, *path))
+    return lambda entry: fmt(get(entry, *path))
 
 
 def _rate(value: Any) -> str:
-    return _fixed(value, ",.1f")
+    return fixed(value, ",.1f")
 
 
 def _percent(value: Any) -> str:
-    return _fixed(value, ".0f", " %")
+    return fixed(value, ".0f", " %")
+
+
+def _percent_of_one(value: Any) -> str:
+    v = num(value)
+    return "-" if v is None else f"{100 * v:.0f} %"
 
 
 HEADLINES: dict[str, list[Column]] = {
@@ -182,13 +141,28 @@ HEADLINES: dict[str, list[Column]] = {
         ("disk read", _figure("resources", "read_bytes", fmt=nbytes)),
     ],
     "fairness": [
-        ("completion (all tenants)", _figure("fairness", "completion_s")),
-        ("Jain's index", _figure("fairness", "jain_index", fmt=lambda v: _fixed(v, ".3f"))),
+        ("completion (all tenants)", completion),
+        ("Jain's index", _figure("fairness", "jain_index", fmt=lambda v: fixed(v, ".3f"))),
         (
             "slowest / fastest tenant",
-            _figure("fairness", "slowest_fastest_ratio", fmt=lambda v: _fixed(v, ".2f", "x")),
+            _figure("fairness", "slowest_fastest_ratio", fmt=lambda v: fixed(v, ".2f", "x")),
         ),
-        ("completion per tenant", _tenant_times),
+        ("completion per tenant", tenant_times),
+        ("MX: peak connections per client", at_mx),
+        ("MX: 421s sent (> 1 s after the first)", refusals),
+        ("MSAs' deferrals by reply code", told),
+        ("MX: occupancy of the limit", _figure("at_mx", "occupancy", fmt=_percent_of_one)),
+        ("CPU: the run / the rest of the machine", cpu_share),
+    ],
+    "unequal": [
+        ("completion (all tenants)", completion),
+        ("heavy tenant", _figure("light", "heavy_completion_s")),
+        ("light tenants (median / slowest)", light_times),
+        ("light: with the heavy one / alone (median / worst)", light_ratios),
+        ("MX: peak connections per client", at_mx),
+        ("MX: 421s sent (> 1 s after the first)", refusals),
+        ("MSAs' deferrals by reply code", told),
+        ("CPU: the run / the rest of the machine", cpu_share),
     ],
 }
 _GENERIC: list[Column] = [
@@ -207,13 +181,22 @@ COMPARISONS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("peak private memory", ("resources", "private_kib_peak")),
     ],
     "fairness": [("completion time", ("fairness", "completion_s"))],
+    "unequal": [("completion time", ("fairness", "completion_s"))],
 }
 
 
 _SPREAD_FIGURES: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("Jain's index", "jain_index", lambda v: _fixed(v, ".3f")),
-    ("slowest / fastest", "slowest_fastest_ratio", lambda v: _fixed(v, ".2f", "x")),
+    ("Jain's index", "jain_index", lambda v: fixed(v, ".3f")),
+    ("slowest / fastest", "slowest_fastest_ratio", lambda v: fixed(v, ".2f", "x")),
     ("completion", "completion_s", seconds),
+    ("MX 421s", "mx_421", lambda v: fixed(v, ".0f")),
+    ("MX 421s > 1 s after the first", "mx_421_later", lambda v: fixed(v, ".0f")),
+    ("421s the MSAs were told", "msa_421", lambda v: fixed(v, ".0f")),
+    ("MSAs' deferrals (suspended ones too)", "msa_deferrals", lambda v: fixed(v, ".0f")),
+    ("heavy tenant", "heavy_completion_s", seconds),
+    ("slowest light tenant", "light_completion_max_s", seconds),
+    ("light: worst ratio to alone", "worst_ratio", lambda v: fixed(v, ".2f", "x")),
+    ("light: median ratio to alone", "median_ratio", lambda v: fixed(v, ".2f", "x")),
 ]
 
 
@@ -224,43 +207,52 @@ def _spread(summary: Mapping[str, Any]) -> list[str]:
     if not isinstance(spread, Mapping):
         return []
     rows, most = [], 0.0
+    shown = [f for f in _SPREAD_FIGURES if any(f[1] in (v or {}) for v in spread.values())]
     for variant, figures in spread.items():
-        runs = max((_num(_get(figures, key, "runs")) or 0.0) for _, key, _ in _SPREAD_FIGURES)
-        most = max(most, runs)
+        finished = num(get(figures, "completion_s", "runs"))  # the runs that finished
+        runs = (
+            finished
+            if finished is not None
+            else max((num(get(figures, key, "runs")) or 0.0) for _, key, _ in shown)
+        )
+        unfinished = num(get(figures, "unfinished")) or 0.0
+        most = max(most, runs + unfinished)
         cells = [
-            " / ".join(fmt(_get(figures, key, k)) for k in ("min", "median", "max"))
-            for _, key, fmt in _SPREAD_FIGURES
+            " / ".join(fmt(get(figures, key, k)) for k in ("min", "median", "max"))
+            for _, key, fmt in shown
         ]
-        rows.append([variant, f"{runs:.0f}", *cells])
+        count = f"{runs:.0f}" + (f" (+{unfinished:.0f} unfinished)" if unfinished else "")
+        rows.append([variant, count, *cells])
     if most <= 1:
         return []
-    labels = [f"{label} (min / median / max)" for label, _, _ in _SPREAD_FIGURES]
+    labels = [f"{label} (min / median / max)" for label, _, _ in shown]
     header = ["variant", "runs", *labels]
     return ["", "### Spread over the repeated runs", "", *table(header, rows)]
 
 
 def _detail(scenario: str, variants: Mapping[str, Any]) -> list[str]:
     """Per MX (congestion, resources) or per tenant (fairness): one row per variant and group."""
-    group, label = ("by_tenant", "tenant") if scenario == "fairness" else ("by_mx", "MX")
+    per_tenant = scenario in ("fairness", "unequal")
+    group, label = ("by_tenant", "tenant") if per_tenant else ("by_mx", "MX")
     rows = []
     for name, entry in variants.items():
-        groups = _get(entry, "deliveries", group)
+        groups = get(entry, "deliveries", group)
         if not isinstance(groups, Mapping):
             continue
         sent = entry.get("sent_by_mx") if group == "by_mx" else None
         for key, g in groups.items():
-            count = _get(g, "count")
-            wanted = _get(sent, key)
+            count = get(g, "count")
+            wanted = get(sent, key)
             got = f"{count} / {wanted}" if wanted is not None else str(count)
             rows.append(
                 [
                     name,
                     key,
                     got,
-                    seconds(_get(g, "completion_from_start_s")),
-                    _rate(_get(g, "throughput_msg_per_s")),
-                    seconds(_get(g, "latency_median_s")),
-                    seconds(_get(g, "latency_p95_s")),
+                    seconds(get(g, "completion_from_start_s")),
+                    _rate(get(g, "throughput_msg_per_s")),
+                    seconds(get(g, "latency_median_s")),
+                    seconds(get(g, "latency_p95_s")),
                 ]
             )
     if not rows:
@@ -280,59 +272,11 @@ def _detail(scenario: str, variants: Mapping[str, Any]) -> list[str]:
 def _comparisons(scenario: str, variants: Mapping[str, Any]) -> list[str]:
     lines = []
     for label, path in COMPARISONS.get(scenario, []):
-        mine = _num(_get(variants.get("mailsluice"), *path))
-        theirs = _num(_get(variants.get("postfix"), *path))
+        mine = num(get(variants.get("mailsluice"), *path))
+        theirs = num(get(variants.get("postfix"), *path))
         if mine and theirs:
             lines.append(f"- {label}: postfix / mailsluice = {theirs / mine:.2f}x")
     return ["", "Ratios from the same run:", "", *lines] if lines else []
-
-
-def _kib_text(mem_total: Any) -> float | None:
-    """'8123456 kB' (as in /proc/meminfo) or a number of KiB."""
-    if isinstance(mem_total, str) and mem_total.split() and mem_total.split()[0].isdigit():
-        return float(mem_total.split()[0])
-    return _num(mem_total)
-
-
-def machine_facts() -> dict[str, Any]:
-    """Cores, RAM, kernel and Python of this machine (no subprocesses)."""
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)),
-        "mem_total": mem,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "python": sys.version.split()[0],
-    }
-
-
-def machine_line(machine: Mapping[str, Any]) -> str:
-    cores = machine.get("nproc", machine.get("cores"))
-    usable = machine.get("usable_cpus")
-    parts = [
-        f"{cores if cores is not None else '?'} cores"
-        + (f" ({usable} usable)" if usable not in (None, cores) else "")
-    ]
-    if machine.get("cpu_model"):
-        parts[0] += f", {machine['cpu_model']}"
-    kib = _kib_text(machine.get("mem_total"))
-    parts.append(f"{nbytes(kib * 1024)} RAM" if kib is not None else "RAM unknown")
-    kernel = machine.get("kernel")
-    if kernel is None and isinstance(machine.get("proc_version"), str):
-        words = machine["proc_version"].split()
-        kernel = f"{words[0]} {words[2]}" if len(words) > 2 else None
-    parts.append(str(kernel or machine.get("platform") or "kernel unknown"))
-    parts.append(f"Python {machine.get('python', '?')}")
-    load = machine.get("loadavg_at_start")
-    if isinstance(load, list | tuple) and load and _num(load[0]) is not None:
-        parts.append(f"load average {float(load[0]):.2f} at the start")
-    return ", ".join(parts)
 
 
 def _variants(summary: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -376,6 +320,9 @@ def render(out_dir: Path, scenario: str, summary: Mapping[str, Any]) -> str:
     if isinstance(parameters, Mapping) and parameters:
         lines.append("- parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
     lines += ["", "## Results", "", *results(scenario, summary), *_spread(summary)]
+    sections = summary.get("sections")  # a scenario's own tables, as Markdown lines
+    if isinstance(sections, list | tuple):
+        lines += [str(line) for line in sections]
     if variants:
         lines += _detail(scenario, variants)
     pngs = sorted(p.name for p in out_dir.glob("*.png")) if out_dir.is_dir() else []

@@ -2,7 +2,8 @@
 
 :func:`run_variant` builds the topology (:mod:`.topology`), starts the MX servers (the
 lab's scriptable MX, :mod:`mailsluice_lab.peers.run_mx`), the aggregation point of the
-variant (nothing for ``direct``; mailsluice behind iptables REDIRECT; or a Postfix relay
+variant (nothing for ``direct``; mailsluice behind iptables REDIRECT, with fair sharing
+(``mailsluice``) or without (``mailsluice-fcfs``); or a Postfix relay
 the MSAs use as relayhost), one MSA per
 tenant (a private Postfix instance, or the simulated MSA inside the tenant process) and
 the tenant injectors (:mod:`.tenant`); then it watches the MX servers' CSV files (live
@@ -17,7 +18,6 @@ and the namespaces deleted when it returns, also on Ctrl-C or an error.
 from __future__ import annotations
 
 import contextlib
-import csv
 import itertools
 import json
 import sys
@@ -29,17 +29,43 @@ from pathlib import Path
 from typing import Any
 
 from mailsluice_lab.bench.scenarios import postfix, topology
-from mailsluice_lab.bench.scenarios.measures import Received, Submitted
+from mailsluice_lab.bench.scenarios.measures import MxConnection, Received, Submitted
 from mailsluice_lab.bench.scenarios.postfix import PostfixInstance, PostfixSpec
-from mailsluice_lab.bench.scenarios.procstat import ResourceRow, TreeSampler
+from mailsluice_lab.bench.scenarios.procstat import CpuShare, ResourceRow, TreeSampler
 from mailsluice_lab.bench.scenarios.progress import Progress
+from mailsluice_lab.bench.scenarios.records import (
+    STATE_NAME,
+    CsvTail,
+    StateRow,
+    StateSampler,
+    read_connections,
+    read_deferrals,
+    read_received,
+    read_submitted,
+)
 from mailsluice_lab.bench.scenarios.schedule import Plan
 from mailsluice_lab.bench.scenarios.tenant import domain_of
 from mailsluice_lab.netns.plumbing import Namespace, NetnsError
 from mailsluice_lab.netns.processes import Process, spawn, start_proxy
-from mailsluice_lab.peers.run_mx import READY_NAME, STATS_NAME, MxSpec, specs_to_json
+from mailsluice_lab.peers.run_mx import (
+    READY_NAME,
+    STATS_NAME,
+    MxSpec,
+    connections_name,
+    specs_to_json,
+)
 
-VARIANTS = ("mailsluice", "postfix", "direct")
+__all__ = ["VARIANTS", "CsvTail", "RunConfig", "VariantRun", "read_received", "read_submitted",
+           "run_variant", "scenario_mx"]  # fmt: skip
+
+# mailsluice: fair sharing on (the default); mailsluice-fcfs: fair sharing off (a connection
+# per session, first come first served, as before issue 13). Off through the configuration
+# file: `serve --no-fair-sharing` refuses to start for now ("fair: unknown setting",
+# tests/unit/test_cli_fair_flag.py); `[fair_sharing] enabled = false` is the same setting.
+VARIANTS = ("mailsluice", "mailsluice-fcfs", "postfix", "direct")
+PROXY_CONFIG: Mapping[str, str] = {
+    "mailsluice": "", "mailsluice-fcfs": "[fair_sharing]\nenabled = false\n",
+}  # fmt: skip
 PROXY_PORT = 10025
 POLL_S = 0.25
 QueueRow = tuple[float, int, int, int]  # t, active, incoming, deferred
@@ -62,12 +88,12 @@ class RunConfig:
     """How to run one variant."""
 
     scenario: str
-    variant: str  # mailsluice | postfix | direct
+    variant: str  # one of VARIANTS
     plan: Plan
     mx: tuple[MxSpec, ...]  # hosts are filled in from the topology
     msa: str  # postfix | sim
     workdir: Path
-    deadline_s: float  # from t = 0 (the first batch) until the run is cut off
+    deadline_s: float  # from t = 0 (the first batch; with hold: the release) until cut off
     relay_settings: Mapping[str, str] = field(default_factory=dict)
     msa_settings: Mapping[str, str] = field(default_factory=dict)  # every Postfix MSA
     mailsluice_workers: int = 1
@@ -97,58 +123,8 @@ class VariantRun:
     resources: tuple[ResourceRow, ...] = ()  # the aggregation point's processes (procstat)
     released_at: float | None = None  # epoch when held mail was released (cfg.hold)
     info: dict[str, Any] = field(default_factory=dict)
-
-
-class CsvTail:
-    """Reads the complete lines appended to a CSV file since the last call (header skipped)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.header_seen = False
-
-    def new_rows(self) -> list[list[str]]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        rows = list(csv.reader(chunk[: end + 1].decode("utf-8", "replace").splitlines()))
-        if not self.header_seen and rows:
-            self.header_seen = True
-            rows = rows[1:]
-        return rows
-
-
-def read_received(path: Path) -> list[Received]:
-    """An MX's deliveries CSV; rows without the bench headers are skipped."""
-    out = []
-    for row in CsvTail(path).new_rows():
-        try:
-            mx, tenant, message_id, sent_at, received_at = row
-            out.append(Received(mx, int(tenant), message_id, float(sent_at), float(received_at)))
-        except ValueError:
-            continue
-    return out
-
-
-def read_submitted(path: Path) -> tuple[list[Submitted], int]:
-    """A tenant's CSV: the messages its MSA accepted, and how many it refused."""
-    accepted, refused = [], 0
-    for row in CsvTail(path).new_rows():
-        if len(row) != 5:
-            continue
-        tenant, mx, message_id, sent_at, status = row
-        if status == "ok":
-            accepted.append(Submitted(int(tenant), mx, message_id, float(sent_at)))
-        else:
-            refused += 1
-    return accepted, refused
+    connections: tuple[MxConnection, ...] = ()  # every connection the MX servers saw
+    state: tuple[StateRow, ...] = ()  # mailsluice's destinations state, as it rewrote it
 
 
 def _wait_file(path: Path, proc: Process, what: str, timeout: float = 30.0) -> None:
@@ -192,6 +168,8 @@ class _Recording:
         self.released_at: float | None = None
         self.sample_costs: list[float] = []  # seconds each resource sample took
         self.flushed: list[dict[str, Any]] = []  # parked mail flushed: t, instance, messages
+        self.state: list[StateRow] = []  # mailsluice's destinations.json, each write once
+        self.cpu: dict[str, float] = {}  # the run's CPU and the rest of the machine's
 
     def sampler_info(self) -> dict[str, Any]:
         """How regular the resource samples were, and what taking them cost."""
@@ -217,10 +195,13 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     _wait_file(mx_dir / READY_NAME, mx_proc, "the MX process")
     live.vital.append(("the MX process", mx_proc))
     hops = {domain_of(s.name): f"smtp:[{s.host}]:25" for s in specs}
-    if cfg.variant == "mailsluice":
+    if cfg.variant in PROXY_CONFIG:
         rule = topology.redirect(topo, PROXY_PORT)
         serve = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--log", f"sqlite:{work / 'mailsluice.db'}",
                  "--workers", str(cfg.mailsluice_workers)]  # fmt: skip
+        if PROXY_CONFIG[cfg.variant]:
+            (work / "mailsluice.toml").write_text(PROXY_CONFIG[cfg.variant])
+            serve += ["--config", str(work / "mailsluice.toml")]
         proxy = start_proxy(stack, topo.agg, serve, PROXY_PORT, work / "mailsluice.out")
         live.vital.append(("mailsluice serve", proxy))
         live.proxy = proxy
@@ -236,13 +217,13 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     pending: list[tuple[Namespace, list[str]]] = []
     msa_settings = {"in_flow_delay": "0", **(postfix.HOLD_ALL if cfg.hold else {}),
                     **cfg.msa_settings}  # fmt: skip
-    for number, ns in enumerate(topo.tenants, start=1):
-        gateway = topo.agg_tenant_ips[number - 1] if cfg.variant == "postfix" else None
+    for index, (number, ns) in enumerate(zip(topo.numbers, topo.tenants, strict=True)):
+        gateway = topo.agg_tenant_ips[index] if cfg.variant == "postfix" else None
         argv = [*TENANT_PROGRAM, "--tenant", str(number), "--plan", cfg.plan.to_json(),
                 "--out", str(work / f"submitted-t{number}.csv"), "--size", str(cfg.size),
                 "--max-seconds", str(max_s), "--parallel", str(cfg.parallel)]  # fmt: skip
         if cfg.msa == "postfix":
-            ip = topo.tenant_ips[number - 1]
+            ip = topo.tenant_ips[index]
             msa = PostfixInstance(ns, PostfixSpec(
                 name=f"t{number}", root=work / f"postfix-t{number}", listen=ip,
                 mynetworks="127.0.0.0/8 10.253.0.0/16",
@@ -258,7 +239,7 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
             argv += ["--sim-relayhost", f"{gateway}:25"] if gateway else []
         pending.append((ns, argv))
     start_at = time.time() + cfg.startup_s
-    for number, (ns, argv) in enumerate(pending, start=1):
+    for number, (ns, argv) in zip(topo.numbers, pending, strict=True):
         argv += ["--start-at", f"{start_at:.6f}"]
         live.tenants.append(spawn(stack, ns, argv, work / f"tenant-t{number}.out"))
     return live, start_at
@@ -287,11 +268,14 @@ def _sample(live: _Live, recording: _Recording, start_at: float) -> None:
             recording.flushed.append({"t": t, "instance": name, "messages": parked})
 
 
-def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) -> tuple[str, str]:
+def _watch(
+    cfg: RunConfig, live: _Live, start_at: float, recording: _Recording, cpu: CpuShare
+) -> tuple[str, str]:
     """Follow the run until every accepted message arrived, or the deadline: (status, note).
 
-    Samples the queues every second and the aggregation point's processes every
-    ``cfg.sample_every`` s into ``recording``; releases held mail once every tenant is through.
+    Samples the queues (and mailsluice's destinations state) every second and the
+    aggregation point's processes every ``cfg.sample_every`` s into ``recording``; releases
+    held mail once every tenant is through, and the deadline then counts from the release.
     """
     mx_dir = cfg.workdir / "mx"
     tails = {spec.name: CsvTail(mx_dir / f"deliveries-{spec.name}.csv") for spec in cfg.mx}
@@ -300,6 +284,7 @@ def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) 
     deadline = start_at + cfg.deadline_s
     markers = [cfg.workdir / f"submitted-t{n}.csv.done" for n in cfg.plan.tenants()]
     sampler = TreeSampler(live.agg_roots) if cfg.sample_every > 0 and live.agg_roots() else None
+    state = StateSampler(cfg.workdir / STATE_NAME) if live.proxy is not None else None
     accepted: set[str] | None = None  # the ids the MSAs accepted, once every tenant is through
     with Progress(cfg.plan.per_mx()) as progress:
         while True:
@@ -311,10 +296,12 @@ def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) 
                     recording.resources.append(row)
                 next_resource = max(next_resource + cfg.sample_every, now)
             for name, tail in tails.items():
-                arrived[name].update(row[2] for row in tail.new_rows() if len(row) == 5)
+                arrived[name].update(row[2] for row in tail.new_rows() if len(row) >= 5)
             progress.update({name: len(ids) for name, ids in arrived.items()})
             if now >= next_queue:
                 _sample(live, recording, start_at)
+                if state is not None:
+                    recording.state += state.sample()
                 next_queue += 1.0
             crashed = [p for p in live.tenants if p.popen.poll() not in (None, 0)]
             for what, proc in [*live.vital, *(("a tenant process", p) for p in crashed)]:
@@ -323,7 +310,9 @@ def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) 
                     return "failed", f"{what} exited {proc.popen.returncode}: {output}"
             if accepted is None and all(marker.exists() for marker in markers):
                 if cfg.hold and cfg.msa == "postfix":
+                    cpu.start()  # the CPU figures count from the release
                     _release(live, recording)
+                    deadline = time.time() + cfg.deadline_s
                 accepted = set()  # every tenant is through: its CSV is complete
                 for number in cfg.plan.tenants():
                     rows, _ = read_submitted(cfg.workdir / f"submitted-t{number}.csv")
@@ -331,8 +320,13 @@ def _watch(cfg: RunConfig, live: _Live, start_at: float, recording: _Recording) 
             if accepted is not None and accepted <= set().union(*arrived.values()):
                 return "ok", ""
             if now > deadline:
-                return "incomplete", f"deadline of {cfg.deadline_s:.0f} s reached"
+                since = "the release" if recording.released_at is not None else "the first batch"
+                return "incomplete", f"did not finish within {cfg.deadline_s:.0f} s of {since}"
             time.sleep(POLL_S)
+
+
+def _last_at(recording: _Recording) -> float:
+    return max((row[0] for row in recording.state), default=0.0)
 
 
 def run_variant(cfg: RunConfig) -> VariantRun:
@@ -344,14 +338,21 @@ def run_variant(cfg: RunConfig) -> VariantRun:
     status, note = "failed", ""
     recording = _Recording()
     left: dict[str, int] = {}
+    maillogs: dict[str, Path] = {}
+    proxy: Process | None = None
     try:
         with ExitStack() as stack:
             topo = stack.enter_context(
-                topology.build(len(cfg.plan.tenants()), [spec.name for spec in cfg.mx])
+                topology.build(cfg.plan.tenants(), [spec.name for spec in cfg.mx])
             )
             live, start_at = _start(cfg, topo, stack)
-            status, note = _watch(cfg, live, start_at, recording)
+            maillogs = {name: inst.maillog for name, inst in live.instances.items()}
+            cpu = CpuShare([ns.name for ns in topo.all()])
+            cpu.start()
+            status, note = _watch(cfg, live, start_at, recording, cpu)
+            recording.cpu = cpu.stop()
             left = {name: sum(inst.queue_counts()) for name, inst in live.instances.items()}
+            proxy = live.proxy
     except (NetnsError, postfix.PostfixError, OSError) as exc:
         status, note = "failed", str(exc)
     submitted: list[Submitted] = []
@@ -367,9 +368,19 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         info["sampler"] = recording.sampler_info()
     if recording.flushed:
         info["parked_and_flushed"] = recording.flushed
+    if recording.cpu:
+        info["cpu"] = recording.cpu
+    if proxy is not None:  # its last write, at its shutdown (a short run may have no other)
+        recording.state += StateSampler(
+            cfg.workdir / STATE_NAME, after=_last_at(recording)
+        ).sample()
+    if maillogs:  # read once the instances are stopped: their logs are complete
+        info["deferrals"] = {name: read_deferrals(path) for name, path in maillogs.items()}
     received: list[Received] = []
+    connections: list[MxConnection] = []
     for spec in cfg.mx:
         received += read_received(cfg.workdir / "mx" / f"deliveries-{spec.name}.csv")
+        connections += read_connections(cfg.workdir / "mx" / connections_name(spec.name))
     if rejected and status == "ok":
         note = f"the MSAs refused {rejected} submission(s); see tenant-t*.out"
     return VariantRun(
@@ -379,4 +390,5 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         queues=tuple(recording.queues), msa_queues=tuple(recording.msa_queues),
         resources=tuple(recording.resources), released_at=recording.released_at,
         left_in_queues={k: v for k, v in left.items() if v}, info=info,
+        connections=tuple(connections), state=tuple(recording.state),
     )  # fmt: skip

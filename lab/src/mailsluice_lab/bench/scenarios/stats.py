@@ -34,7 +34,7 @@ DELIVERY_FIELDS = ("variant", "scenario", "tenant", "mx", "message_id", "sent_at
                    "received_at", "latency_s")  # fmt: skip
 QUEUE_FIELDS = ("variant", "t", "active", "incoming", "deferred")
 RESOURCE_FIELDS = ("variant", "t", "cpu_percent", "rss_kib", "read_bytes", "write_bytes")
-VARIANT_ORDER = ("mailsluice", "postfix", "direct")
+VARIANT_ORDER = ("mailsluice", "mailsluice-fcfs", "postfix", "direct")
 T = TypeVar("T")
 
 
@@ -85,7 +85,8 @@ def split_label(label: str) -> tuple[str, int]:
 
 
 def ordered_variants(names: Iterable[str]) -> list[str]:
-    """Distinct variant labels: mailsluice, postfix, direct first, then the rest sorted; the
+    """Distinct variant labels: mailsluice, mailsluice-fcfs, postfix, direct first, then the
+    rest sorted; the
     repeats of a variant (``mailsluice#2``, see :func:`split_label`) right after it."""
 
     def key(label: str) -> tuple[int, str, int]:

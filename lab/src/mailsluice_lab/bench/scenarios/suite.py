@@ -25,7 +25,7 @@ from typing import Any
 from mailsluice_lab.bench.scenarios import congestion, fairness, report, resources
 
 GZIP_OVER = 256 * 1024
-VARIANTS = ("mailsluice", "postfix", "direct")
+VARIANTS = ("mailsluice", "mailsluice-fcfs", "postfix", "direct")
 # (scenario, the arguments of the default suite, those of --quick)
 STEPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("congestion", (), ("--rounds", "4", "--messages", "3", "--ratio", "100")),
@@ -104,7 +104,8 @@ def render_readme(
         "",
         "The three experiments of the transparent SMTP proxy study (congestion behind a "
         "tarpit, resource use, fairness under a per-client connection limit), each through "
-        "mailsluice (transparent, iptables REDIRECT), a Postfix relay and direct delivery, "
+        "mailsluice (transparent, iptables REDIRECT; with fair sharing, the default, and "
+        "without: mailsluice-fcfs), a Postfix relay and direct delivery, "
         "on one machine in network namespaces.",
         "",
         f"- command: `{command}`",

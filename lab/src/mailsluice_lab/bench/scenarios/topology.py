@@ -49,8 +49,10 @@ MX_NET = "10.253.200"
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """The namespaces of one run and their addresses (tenant i is index i - 1)."""
+    """The namespaces of one run and their addresses, in the order of ``numbers`` (the
+    tenants' numbers: tenant k is ``msb-<pid>-tk`` at 10.253.k.2 whichever others run)."""
 
+    numbers: tuple[int, ...]
     tenants: tuple[Namespace, ...]
     agg: Namespace
     mx: Namespace
@@ -60,7 +62,7 @@ class Topology:
     mx_ips: dict[str, str]  # MX name -> its address
 
     def tenant(self, number: int) -> Namespace:
-        return self.tenants[number - 1]
+        return self.tenants[self.numbers.index(number)]
 
     def all(self) -> tuple[Namespace, ...]:
         return (*self.tenants, self.agg, self.mx)
@@ -114,11 +116,16 @@ def namespace_name(role: str) -> str:
 
 
 @contextlib.contextmanager
-def build(tenants: int, mx_names: Sequence[str]) -> Iterator[Topology]:
-    """Create the namespaces and links; on exit kill what runs in them and delete them."""
-    if not 1 <= tenants <= 99 or not 1 <= len(mx_names) <= 200:
-        raise ValueError("between 1 and 99 tenants and 1 to 200 MX servers")
-    roles = [f"t{i}" for i in range(1, tenants + 1)] + ["agg", "mx"]
+def build(tenants: int | Sequence[int], mx_names: Sequence[str]) -> Iterator[Topology]:
+    """Create the namespaces and links; on exit kill what runs in them and delete them.
+
+    ``tenants``: how many (numbered 1..n), or the tenants' numbers (1 to 99), e.g. ``[4]``
+    for tenant 4 alone, with the namespace and address it has among the others."""
+    numbers = tuple(range(1, tenants + 1)) if isinstance(tenants, int) else tuple(tenants)
+    if (not numbers or len(set(numbers)) != len(numbers) or not all(1 <= n <= 99 for n in numbers)
+            or not 1 <= len(mx_names) <= 200):  # fmt: skip
+        raise ValueError("between 1 and 99 tenants (numbered 1 to 99) and 1 to 200 MX servers")
+    roles = [f"t{i}" for i in numbers] + ["agg", "mx"]
     created: list[Namespace] = []
     try:
         for role in roles:
@@ -130,7 +137,7 @@ def build(tenants: int, mx_names: Sequence[str]) -> Iterator[Topology]:
             sh(["ip", "-n", ns.name, "link", "set", "lo", "up"])
         *tenant_ns, agg, mx = created
         tenant_ips, agg_ips = [], []
-        for number, ns in enumerate(tenant_ns, start=1):
+        for number, ns in zip(numbers, tenant_ns, strict=True):
             link(ns, "eth0", agg, f"t{number}")
             tenant_ip, gw_ip = f"10.253.{number}.2", f"10.253.{number}.1"
             address(ns, "eth0", f"{tenant_ip}/24")
@@ -149,7 +156,7 @@ def build(tenants: int, mx_names: Sequence[str]) -> Iterator[Topology]:
         for ns in (agg, mx):
             ns.run("sysctl", "-qw", "net.core.somaxconn=4096")
         yield Topology(
-            tenants=tuple(tenant_ns), agg=agg, mx=mx, tenant_ips=tuple(tenant_ips),
+            numbers=numbers, tenants=tuple(tenant_ns), agg=agg, mx=mx, tenant_ips=tuple(tenant_ips),
             agg_tenant_ips=tuple(agg_ips), agg_mx_ip=agg_mx_ip, mx_ips=mx_ips,
         )  # fmt: skip
     finally:
