@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.policy.pacing import EPSILON
-from mailsluice.runtime.scheduler import Close, DestKey, LocalScheduler, Order, Take
+from mailsluice.runtime.scheduler import Close, Declined, DestKey, LocalScheduler, Order, Take
 
 pytestmark = pytest.mark.unit
 
@@ -162,24 +162,31 @@ def test_a_rate_paces_the_grants_with_a_timer() -> None:
     assert (view["max_messages_per_minute"], view["waiting"], view["waited"]) == (60.0, 0, 2)
 
 
-def test_a_suspension_holds_every_new_transaction_and_loses_none() -> None:
-    scheduler, clock, orders = _scheduler()
+def test_a_suspension_declines_every_transaction_at_once_with_its_reason() -> None:
+    """A deferral rule's ``suspend``: what waits, and every transaction asking while it
+    lasts, is told at once (``Declined``: the session's 451 says why and for how long; the
+    mail stays queued at its MSA); nothing waits out ``hold_max``. After it: as before."""
+    scheduler, clock, orders = _scheduler(limit=1)
     scheduler.ask(KEY, "a", 1)
-    scheduler.deferred(KEY, "reputation", None, 0.0, suspend=30.0)
-    scheduler.ask(KEY, "a", 2)
-    scheduler.ask(KEY, "b", 3)
-    scheduler.ask(KEY, "b", 4)
+    scheduler.ask(KEY, "b", 2)  # waits: the limit is 1
     assert orders == [Take(1, "a", 0)]
-    view = _view(scheduler)
-    assert (view["waiting"], view["suspended_s"], view["deferrals"]) == (
-        3, 30.0, {"reputation": 1},
-    )  # fmt: skip
+    scheduler.deferred(KEY, "reputation", None, 0.0, suspend=30.0)
+    scheduler.ask(KEY, "a", 3)
     clock.advance(20.0)
-    scheduler.cancel(KEY, 4)  # its wait ran out (hold_max): 451 4.4.5, the mail queued
-    assert len(orders) == 1
+    scheduler.ask(KEY, "b", 4)
+    declined = [o for o in orders if isinstance(o, Declined)]
+    assert [o.ticket for o in declined] == [2, 3, 4]
+    assert "paused for 30 s after its reputation deferral" in declined[0].text
+    assert "paused for 10 s" in declined[2].text
+    view = _view(scheduler)
+    assert (view["waiting"], view["suspended_s"], view["declined"]) == (0, 10.0, 3)
+    assert view["deferrals"] == {"reputation": 1}
+    scheduler.park(KEY, "a", 1)
     clock.advance(10.1)
-    assert orders[1:] == [Take(3, "b", 0), Take(2, "a", 0)]  # the rest, in fair order
-    assert _view(scheduler)["waiting"] == 0
+    scheduler.ask(KEY, "b", 5)  # the suspension is over: b's turn (a's idle one goes)
+    scheduler.gone(KEY, "a", 1)
+    assert orders[-2:] == [Close("a", 1), Take(5, "b", 0)]
+    assert _view(scheduler)["suspended_s"] == 0
 
 
 def test_a_deferrals_rate_slows_the_destination_for_its_seconds() -> None:

@@ -10,10 +10,11 @@ named after the supervisor.
 
 The messages are JSON lines, one per fact or order, each naming its destination
 (``orders``: ``ask``, ``park``, ``gone``, ``deferred``, ``latency``, ``domain``...; back:
-``take``, ``close``, ``failed``). A ticket or a connection carries its worker in its high
-bits, so an order goes to the worker it concerns. The broker writes the destinations'
-state file (``statefile``) for the host, and resolves the host names of the
-``[[destinations]]`` rules (``names``): the rules are applied where the scheduler is.
+``take``, ``close``, ``failed``, ``declined``). A ticket or a connection carries its
+worker in its high bits, so an order goes to the worker it concerns. The broker writes
+the destinations' state file (``statefile``) for the host, and resolves the host names
+of the ``[[destinations]]`` rules (``names``): the rules are applied where the scheduler
+is.
 
 If the broker goes away, a worker cannot share fairly any more: it stops (gracefully:
 what runs finishes, new clients get 421) and the supervisor starts it again, with the
@@ -37,6 +38,7 @@ from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
     Close,
+    Declined,
     DestKey,
     Failed,
     LocalScheduler,
@@ -175,6 +177,8 @@ class Broker:
                        "m": order.per_connection}  # fmt: skip
         elif isinstance(order, Close):
             message = {"op": "close", "t": order.tenant, "c": order.conn}
+        elif isinstance(order, Declined):
+            message = {"op": "declined", "n": order.ticket, "x": order.text}
         else:
             message = {"op": "failed", "n": order.ticket}
         message["k"] = list(key)
@@ -301,6 +305,8 @@ class BrokerClient(asyncio.Protocol):
                 order = Take(message["n"], message["t"], message["c"], message.get("m"))
             elif op == "close":
                 order = Close(message["t"], message["c"])
+            elif op == "declined":
+                order = Declined(message["n"], str(message["x"]))
             else:
                 order = Failed(message["n"])
             self._deliver(key, order)

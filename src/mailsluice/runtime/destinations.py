@@ -39,6 +39,7 @@ from mailsluice.relay.actions import UpstreamState
 from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
     Close,
+    Declined,
     DestKey,
     Failed,
     LocalScheduler,
@@ -86,6 +87,16 @@ class Idle:
 
 #: a grant: an idle connection of the tenant's (None: dial a new one), and its hold
 Granted = Callable[[Idle | None, Hold], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    """A ticket's session: ``granted`` a slot; ``failed`` (a refused dial, not about
+    capacity); ``declined`` (the destination is suspended: the text for the client)."""
+
+    granted: Granted
+    failed: Callable[[], None] | None = None
+    declined: Callable[[str], None] | None = None
 
 
 class _Watch(asyncio.Protocol):
@@ -137,15 +148,18 @@ class Destination:
         self.key = key
         self._owner = owner
         self.memo: UpstreamState | None = None
-        self._waiting: dict[int, tuple[Granted, Callable[[], None] | None]] = {}
+        self._waiting: dict[int, _Waiter] = {}
         self._idle: dict[int, Idle] = {}  # conn -> an idle connection kept for its tenant
         self._domains: set[str] = set()  # the recipient domains told to the scheduler
 
     # ------------------------------------------------------------------ the line
     def ask(
-        self, tenant: str, ticket: int, granted: Granted, failed: Callable[[], None] | None = None
-    ) -> None:
-        self._waiting[ticket] = (granted, failed)
+        self, tenant: str, ticket: int, granted: Granted,
+        declined: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        """In line for a slot: ``granted`` later, or ``declined`` (with the text for the
+        client) when the destination is suspended."""
+        self._waiting[ticket] = _Waiter(granted, declined=declined)
         self._owner.scheduler.ask(self.key, self._owner.tenant_key(tenant), ticket)
 
     def cancel(self, ticket: int) -> None:
@@ -154,12 +168,12 @@ class Destination:
 
     def refused(
         self, hold: Hold, ticket: int, granted: Granted, failed: Callable[[], None], *,
-        capacity: bool,
+        capacity: bool, declined: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         """The new connection of ``hold`` was refused before use: the scheduler decides
         (a capacity refusal: back in line, ``granted`` later; else ``failed``)."""
         hold.state = "gone"
-        self._waiting[ticket] = (granted, failed)
+        self._waiting[ticket] = _Waiter(granted, failed, declined)
         self._owner.scheduler.refused(self.key, hold.tenant, ticket, hold.conn, capacity)
 
     def up(self, hold: Hold) -> None:
@@ -269,8 +283,12 @@ class Destination:
             return
         waiting = self._waiting.pop(order.ticket, None)
         if isinstance(order, Failed):
-            if waiting is not None and waiting[1] is not None:
-                loop.call_soon(waiting[1])
+            if waiting is not None and waiting.failed is not None:
+                loop.call_soon(waiting.failed)
+            return
+        if isinstance(order, Declined):
+            if waiting is not None and waiting.declined is not None:
+                loop.call_soon(waiting.declined, order.text)
             return
         if order.conn:
             entry = self._idle.pop(order.conn, None)
@@ -284,14 +302,14 @@ class Destination:
             if waiting is None:  # the waiter left meanwhile: the connection goes back
                 self.release(entry)
                 return
-            loop.call_soon(waiting[0], entry, entry.hold)
+            loop.call_soon(waiting.granted, entry, entry.hold)
             return
         hold = Hold(self, order.tenant, self._owner.next_conn())
         hold.per_connection = order.per_connection
         if waiting is None:
             self.lost(hold)
             return
-        loop.call_soon(waiting[0], None, hold)
+        loop.call_soon(waiting.granted, None, hold)
 
     def sweep(self, now: float, idle_timeout: float) -> bool:
         """Close idle connections older than ``idle_timeout``; True while any is left."""

@@ -29,6 +29,7 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
+from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
 from mailsluice.runtime.destinations import Destination, Hold, Idle
 from mailsluice.runtime.dialer import plain_host
@@ -327,6 +328,8 @@ class ConnectionHandler:
                 record = action.record
                 self._services.log_writer.submit(record)
                 if self._destination is not None:
+                    if type(record) is TransactionEnded and self.mx.hold is not None:
+                        self.mx.carried = True  # (max_messages_per_connection counts it)
                     self._probe = observe(self._destination, record, self._probe)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
@@ -408,7 +411,7 @@ class ConnectionHandler:
         assert destination is not None
         assert fair is not None
         self._ticket = fair.ticket()
-        destination.ask(self._tenant, self._ticket, self._granted)
+        destination.ask(self._tenant, self._ticket, self._granted, self._declined)
 
     def _granted(self, entry: Idle | None, hold: Hold) -> None:
         """A slot (on the loop's next turn): the tenant's idle connection, or a dial."""
@@ -428,6 +431,12 @@ class ConnectionHandler:
         self._feed(ev.ServerGranted())
         self._jobs.add(partial(self.mx.connect, self._relay_open))
 
+    def _declined(self, text: str) -> None:
+        """No slot now (the destination is suspended): the relay answers 451 at once."""
+        self._ticket = None
+        if self._relay_open():
+            self._feed(ev.ServerDeclined(text))
+
     def _requeue(self, reason: str, *, capacity: bool) -> None:
         """The connection was refused before use: the scheduler puts the transaction back
         in line if it was for capacity (``_granted`` later), else it fails."""
@@ -437,7 +446,9 @@ class ConnectionHandler:
             return
         self._ticket = fair.ticket()
         failed = partial(self._refusal_failed, ev.ServerConnectFailed(reason))
-        destination.refused(hold, self._ticket, self._granted, failed, capacity=capacity)
+        destination.refused(
+            hold, self._ticket, self._granted, failed, capacity=capacity, declined=self._declined
+        )
 
     def _refusal_failed(self, event: ev.Event) -> None:
         self._ticket = None

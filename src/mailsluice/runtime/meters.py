@@ -97,6 +97,7 @@ class Tally:
     wait_seconds: float = 0.0
     peak_in_use: int = 0
     refusals: int = 0  # capacity refusals
+    declined: int = 0  # transactions told at once that it is suspended
     deferrals: dict[str, int] = field(default_factory=dict)  # by class, since the start
     recent: RecentCounts = field(default_factory=RecentCounts)  # by class, 15 minutes
     greeting: Latency = field(default_factory=Latency)  # dial to the MX's greeting
@@ -126,6 +127,7 @@ class Tally:
             "mean_wait_s": round(self.wait_seconds / self.waited, 3) if self.waited else 0,
             "peak_in_use": self.peak_in_use,
             "capacity_refusals": self.refusals,
+            "declined": self.declined,
             "deferrals": dict(self.deferrals),
             "deferrals_15m": self.recent.counts(now),
             "latency": {"greeting": self.greeting.view(), "to_354": self.to_354.view()},

@@ -2,7 +2,7 @@
 
 The facts go in (``Scheduler``: a transaction asks, a connection is parked, closing,
 gone, refused; the MX accepted, deferred; a new connection's latencies; a recipient
-domain), the orders come out (``Take``, ``Close``, ``Failed``), each naming its
+domain), the orders come out (``Take``, ``Close``, ``Failed``, ``Declined``), each naming its
 destination (``DestKey``). Tickets and connections are numbered for the host: with
 several workers the worker's number is in the high bits (``numbered``), so an order
 goes back to the worker it concerns (``worker_of``). The same protocol crosses the
@@ -18,6 +18,7 @@ from typing import Protocol
 __all__ = [
     "Cancellable",
     "Close",
+    "Declined",
     "DestKey",
     "Deliver",
     "Failed",
@@ -60,6 +61,15 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Declined:
+    """No slot for ``ticket`` now: the destination is suspended (a deferral rule's
+    ``suspend``). The session answers ``451 4.4.5`` with ``text`` at once."""
+
+    ticket: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Take:
     """``ticket`` goes ahead: on the idle connection ``conn`` of its tenant, or (``conn``
     0) on a new one. ``per_connection``: the transactions a connection to the destination
@@ -79,7 +89,7 @@ class Close:
     conn: int
 
 
-Order = Take | Close | Failed
+Order = Take | Close | Failed | Declined
 Deliver = Callable[[DestKey, Order], None]
 
 

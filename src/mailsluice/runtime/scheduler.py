@@ -28,6 +28,7 @@ be reused there); weights follow the tenant.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +41,7 @@ from mailsluice.runtime.meters import Tally
 from mailsluice.runtime.orders import (
     Cancellable,
     Close,
+    Declined,
     Deliver,
     DestKey,
     Failed,
@@ -55,6 +57,7 @@ from mailsluice.runtime.orders import (
 
 __all__ = [  # the orders and the protocol too, where the runtime has always found them
     "Close",
+    "Declined",
     "DestKey",
     "Failed",
     "LocalScheduler",
@@ -93,6 +96,7 @@ class _Destination:
     up: set[int] = field(default_factory=set)  # conns established (the MX has them)
     cap: int = 0  # a deferral rule's lower limit ...
     cap_until: float = 0.0  # ... until then
+    suspended_by: str = ""  # the class of the deferral that suspended it
     timer: Cancellable | None = None  # the pace's next grant is due ...
     timer_at: float = 0.0  # ... then
     tally: Tally = field(default_factory=Tally)
@@ -208,6 +212,8 @@ class LocalScheduler:
     # ------------------------------------------------------------------ the line
     def ask(self, key: DestKey, tenant: str, ticket: int) -> None:
         destination = self._get(key)
+        if self._declined(key, destination, ticket):
+            return
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask(tenant, ticket))
 
@@ -215,6 +221,8 @@ class LocalScheduler:
         """The idle connection a ``Take`` named was gone when it arrived: the ticket asks
         again, first of its tenant (that connection's end was reported with ``gone``)."""
         destination = self._get(key)
+        if self._declined(key, destination, ticket):
+            return
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
 
@@ -331,8 +339,13 @@ class LocalScheduler:
                         _text(key), kind, rate, seconds)  # fmt: skip
         if suspend > 0:
             destination.pacing.suspend(now + suspend)
+            destination.suspended_by = kind
             log.warning("destination %s: %s deferral: no new transaction for %.0f s",
                         _text(key), kind, suspend)  # fmt: skip
+            for ticket in list(destination.asked):  # what waits is told now, not at hold_max
+                del destination.asked[ticket]
+                self._run(key, destination, self._share(destination).cancel(ticket))
+                self._declined(key, destination, ticket)
         value = self._effective(destination, destination.limit.value)
         self._run(key, destination, self._share(destination).set_limit(value))
 
@@ -346,6 +359,19 @@ class LocalScheduler:
         return value
 
     # ------------------------------------------------------------------ the pace
+    def _declined(self, key: DestKey, destination: _Destination, ticket: int) -> bool:
+        """While the destination is suspended a transaction does not wait: ``Declined``
+        (the tenant's 451 says why and for how long; the mail stays at its MSA)."""
+        left = destination.pacing.suspended_for(self._clock())
+        if left <= 0:
+            return False
+        destination.tally.declined += 1
+        kind = destination.suspended_by or "a"
+        text = (f"Error: {key[1]} is paused for {math.ceil(left)} s after its {kind} "
+                "deferral, try again later")  # fmt: skip
+        self.deliver(key, Declined(ticket, text))
+        return True
+
     def _share(self, destination: _Destination) -> FairShare:
         """The destination's fair share, told what its pace lets through now."""
         share = destination.share
