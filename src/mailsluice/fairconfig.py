@@ -19,7 +19,7 @@ host = "mx1.example.net"   # or ".example.net": every MX whose address's name is
 max_messages_per_connection = 20   # then the connection is closed, not kept idle
 resolve_every = 300
 
-[[destinations]]        # by recipient domain: from the destination's first message to it
+[[destinations]]        # by recipient domain: after the destination's first message to it
 domain = "gmail.com"       # or ".example.com" for every domain under example.com
 max_messages_per_minute = 600
 
@@ -34,7 +34,7 @@ class = "rate"          # capacity, rate, reputation or other
 limit = 2               # at most this many connections ...
 rate = 30               # ... and messages a minute ...
 seconds = 600           # ... for this long
-suspend = 60            # and no new transaction at all for this long (they wait)
+suspend = 60            # and no transaction at all for this long (451 4.4.5 at once)
 ```
 
 Every error names the key and the fix (``ConfigError``).

@@ -42,8 +42,8 @@ class Response:
     """What a deferral does to its destination: at most ``limit`` connections and at most
     ``rate`` messages a minute for ``seconds`` (fewer connections, or fewer grants a
     minute, is how the proxy slows a destination down without a queue of its own), and
-    no new transaction at all for ``suspend`` seconds (they wait in the waiting room, and
-    get ``451 4.4.5`` after ``hold_max`` as any wait does)."""
+    no new transaction at all for ``suspend`` seconds (the scheduler declines them at
+    once: ``451 4.4.5`` saying the destination is paused, and for how long)."""
 
     seconds: float = 0.0
     limit: int | None = None

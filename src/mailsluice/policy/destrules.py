@@ -12,7 +12,8 @@ names its destinations in one of three ways:
 * ``domain``: a recipient domain (``gmail.com``, or ``.example.com`` for every name
   under it). An MX address says nothing of the domains it serves, so a domain rule is
   *bound* to a destination the first time a transaction there has a recipient in that
-  domain, and holds from then on: it takes effect from the destination's first message.
+  domain (reported when that transaction ends), and holds from then on: it takes effect
+  from the destination's next transaction, not for the first message itself.
 
 The first rule that matches, in the order of the file, is the destination's; what it
 sets (``Limits``) replaces the defaults: a fixed connection limit, transactions per
