@@ -66,8 +66,7 @@ class MxLeg:
     """The MX side of one connection."""
 
     __slots__ = ("_feed", "_key", "_opened_at", "_outbound", "_protocol", "_services",
-                 "_sessions", "_source", "carried", "destination", "hold",
-                 "transport")  # fmt: skip
+                 "_sessions", "_source", "destination", "hold", "transport")  # fmt: skip
 
     def __init__(
         self,
@@ -87,7 +86,6 @@ class MxLeg:
         self._source = "?"  # our end, "ip:port"
         self._opened_at = 0.0  # loop time of the dial
         self._sessions = 0  # client sessions before this one on the connection
-        self.carried = False  # fair sharing: a transaction ran on it since it was ours
         self.hold: Hold | None = None  # fair sharing: the slot this connection counts in
 
     # ------------------------------------------------------------ dial and TLS
@@ -119,7 +117,6 @@ class MxLeg:
         self.transport = transport
         self._source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
         self._opened_at, self._sessions = services.loop.time(), 0
-        self.carried = False
         if self.hold is not None:  # fair sharing: the MX has one more of ours
             self.hold.destination.up(self.hold)
         side = self._protocol()
@@ -186,7 +183,6 @@ class MxLeg:
         self.transport, self.hold = entry.transport, entry.hold
         self._outbound, self._source = entry.outbound, entry.source
         self._opened_at, self._sessions = entry.opened_at, entry.transactions
-        self.carried = False
         return act.ReusedUpstream(entry.state, entry.source, entry.transactions)
 
     def idle_entry(self, state: act.UpstreamState) -> Idle | None:
@@ -198,7 +194,7 @@ class MxLeg:
         entry = Idle(
             transport=server, hold=hold, state=state, source=self._source,
             outbound=self._outbound, opened_at=self._opened_at,
-            transactions=self._sessions + self.carried,  # (a first contact's set-up: 0)
+            transactions=self._sessions + 1,
         )  # fmt: skip
         self._outbound = None  # the destination owns it now (and forgets it when it drops it)
         return entry
