@@ -180,15 +180,15 @@ async def test_two_workers_apply_destination_and_deferral_rules_in_the_broker(
     tmp_path: Path,
 ) -> None:
     """The rules are the broker's: with two workers a rule's ``max_connections = 2`` and
-    ``max_messages_per_connection = 1`` hold for the host (every MX connection carries
-    one message, never more than two at once), a deferral is classified by a
+    ``max_messages_per_connection = 2`` hold for the host (no MX connection carries
+    more than two messages, never more than two at once), a deferral is classified by a
     ``[[deferral_rules]]`` rule and counted there, and ``mailsluice destinations --json``
     shows the rule, the deferral by class and the latencies the workers measured."""
     log = tmp_path / "sessions.db"
     config = tmp_path / "mailsluice.toml"
     config.write_text(
         '[[destinations]]\nmatch = "127.0.0.1"\nmax_connections = 2\n'
-        "max_messages_per_connection = 1\n\n"
+        "max_messages_per_connection = 2\n\n"
         '[[deferral_rules]]\npattern = "slow down"\nclass = "rate"\nrate = 600\nseconds = 5\n'
     )
     sources = [f"127.0.0.{n}" for n in range(2, 8)]
@@ -209,7 +209,7 @@ async def test_two_workers_apply_destination_and_deferral_rules_in_the_broker(
             await mx.ledger.wait_for(12, timeout=10)
             deadline = time.monotonic() + 15
             while view is None and time.monotonic() < deadline:
-                view = await asyncio.to_thread(_shown, tmp_path / "destinations.json", 11)
+                view = await asyncio.to_thread(_shown, tmp_path / "destinations.json", 6)
                 if view is None:
                     await asyncio.sleep(0.3)
         finally:
@@ -219,14 +219,14 @@ async def test_two_workers_apply_destination_and_deferral_rules_in_the_broker(
         assert mx.peak["127.0.0.1"] <= 2, (mx.peak, output)
         mails = [sum(c.upper().startswith(b"MAIL") for c in s.commands) for s in mx.sessions]
     assert deferral == "451 4.7.28 slow down", deferral
-    assert max(mails) == 1, mails  # one message per connection, the rule's
+    assert max(mails) <= 2, mails  # two messages per connection at most, the rule's
     assert view is not None, (tmp_path / "destinations.json").read_text()
     assert (view["limit"], view["learned"], view["rule"]) == (2, False, "match 127.0.0.1/32")
-    assert view["max_messages_per_connection"] == 1
+    assert view["max_messages_per_connection"] == 2
     assert view["deferrals"] == {"rate": 1}
-    # a latency per new connection: 12 messages, the first on the deferred one's (reused)
-    assert view["latency"]["greeting"]["count"] >= 11
-    assert view["latency"]["to_354"]["count"] >= 11
+    # a latency per new connection: 12 messages, two a connection at most
+    assert view["latency"]["greeting"]["count"] >= 6
+    assert view["latency"]["to_354"]["count"] >= 6
 
 
 def _shown(state: Path, messages: int) -> dict[str, Any] | None:

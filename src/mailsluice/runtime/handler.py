@@ -29,7 +29,6 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
-from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
 from mailsluice.runtime.destinations import Destination, Hold, Idle
 from mailsluice.runtime.dialer import plain_host
@@ -328,8 +327,6 @@ class ConnectionHandler:
                 record = action.record
                 self._services.log_writer.submit(record)
                 if self._destination is not None:
-                    if type(record) is TransactionEnded and self.mx.hold is not None:
-                        self.mx.carried = True  # (max_messages_per_connection counts it)
                     self._probe = observe(self._destination, record, self._probe)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
