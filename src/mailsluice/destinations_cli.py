@@ -2,7 +2,10 @@
 
 Reads the state file the proxy writes every two seconds (``runtime.statefile``): per
 destination its limit (learned, or configured), the connections in use and waiting, per
-tenant, capacity refusals and deferrals by class, and how long transactions waited.
+tenant, capacity refusals and deferrals by class (and in the last 15 minutes), how long
+transactions waited, the latencies of its new connections (dial to greeting, dial to the
+first 354: median and 90th percentile of the recent ones), and the ``[[destinations]]``
+rule in effect with its pace (messages a minute, per connection, a suspension).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def print_destinations(path: Path | None, *, as_json: bool, out: TextIO = sys.st
         out.write("no destination in use yet\n")
         return 0
     header = ("DESTINATION", "LIMIT", "IN USE", "WAITING", "TENANTS", "REFUSED",
-              "DEFERRED", "MEAN WAIT")  # fmt: skip
+              "DEFERRED", "MEAN WAIT", "GREETING p50/p90", "354 p50/p90", "RULE")  # fmt: skip
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in (header, *rows):
         out.write("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
@@ -64,8 +67,13 @@ def _row(view: dict[str, Any]) -> tuple[str, ...]:
         f"{name} {t['busy']}+{t['idle']}" + (f" ({t['waiting']} waiting)" if t["waiting"] else "")
         for name, t in sorted(tenants.items())
     )
-    deferrals = ", ".join(f"{k} {v}" for k, v in sorted(view.get("deferrals", {}).items()))
+    recent = view.get("deferrals_15m", {})
+    deferrals = ", ".join(
+        f"{k} {v}" + (f" ({recent[k]} in 15 min)" if recent.get(k) else "")
+        for k, v in sorted(view.get("deferrals", {}).items())
+    )
     limit = f"{view['limit']}" + (" learned" if view.get("learned") else " fixed")
+    latency = view.get("latency", {})
     return (
         str(view["destination"]),
         limit,
@@ -75,4 +83,25 @@ def _row(view: dict[str, Any]) -> tuple[str, ...]:
         str(view.get("capacity_refusals", 0)),
         deferrals or "-",
         f"{view.get('mean_wait_s', 0):.3f} s",
+        _latency(latency.get("greeting", {})),
+        _latency(latency.get("to_354", {})),
+        _rule(view),
     )
+
+
+def _latency(numbers: dict[str, Any]) -> str:
+    if not numbers.get("count"):
+        return "-"
+    return f"{numbers['median_ms']:.0f}/{numbers['p90_ms']:.0f} ms ({numbers['count']})"
+
+
+def _rule(view: dict[str, Any]) -> str:
+    """The rule in effect and the pace it (or a deferral) sets."""
+    parts = [str(view["rule"])] if view.get("rule") else []
+    if view.get("max_messages_per_minute"):
+        parts.append(f"{view['max_messages_per_minute']:g}/min")
+    if view.get("max_messages_per_connection"):
+        parts.append(f"{view['max_messages_per_connection']}/connection")
+    if view.get("suspended_s"):
+        parts.append(f"suspended {view['suspended_s']:.0f} s")
+    return ", ".join(parts) or "-"

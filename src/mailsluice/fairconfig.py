@@ -14,6 +14,15 @@ idle_timeout = 5        # seconds an idle connection is kept for its tenant
 match = "203.0.113.0/24"   # the MX's address, or a network of them
 max_connections = 10
 
+[[destinations]]        # by MX host name (resolved at start, then every resolve_every s)
+host = "mx1.example.net"   # or ".example.net": every MX whose address's name is under it
+max_messages_per_connection = 20   # then the connection is closed, not kept idle
+resolve_every = 300
+
+[[destinations]]        # by recipient domain: after the destination's first message to it
+domain = "gmail.com"       # or ".example.com" for every domain under example.com
+max_messages_per_minute = 600
+
 [[tenants]]             # a named group of client networks shares one fair share
 name = "hosting-a"
 networks = ["10.1.0.0/16", "2001:db8:1::/48"]
@@ -23,7 +32,9 @@ weight = 2              # twice the share of a tenant of weight 1
 pattern = "(?i)temporarily rate limited"
 class = "rate"          # capacity, rate, reputation or other
 limit = 2               # at most this many connections ...
+rate = 30               # ... and messages a minute ...
 seconds = 600           # ... for this long
+suspend = 60            # and no transaction at all for this long (451 4.4.5 at once)
 ```
 
 Every error names the key and the fix (``ConfigError``).
@@ -38,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mailsluice.policy.deferrals import DeferralClass, Response, Rule, default_rules
+from mailsluice.policy.destrules import DestinationRule, normal_name
 from mailsluice.policy.learned import LimitRules
 
 __all__ = ["DestinationRule", "FairSettings", "FairConfigError", "TenantGroup", "parse"]
@@ -47,12 +59,6 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 class FairConfigError(ValueError):
     """A fair-sharing setting that cannot be used (the message names it and the fix)."""
-
-
-@dataclass(frozen=True, slots=True)
-class DestinationRule:
-    network: Network
-    max_connections: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +79,6 @@ class FairSettings:
     destinations: tuple[DestinationRule, ...] = ()
     tenants: tuple[TenantGroup, ...] = ()
     deferral_rules: tuple[Rule, ...] = field(default_factory=default_rules)
-
-    def fixed_limit(self, mx_host: str) -> int | None:
-        """The configured limit of the MX at ``mx_host``, if a rule matches it."""
-        try:
-            address = ipaddress.ip_address(mx_host)
-        except ValueError:
-            return None
-        for rule in self.destinations:
-            if address.version == rule.network.version and address in rule.network:
-                return rule.max_connections
-        return None
 
     def tenant_of(self, client_ip: str) -> str:
         """The tenant a client address belongs to: its group's name, else itself."""
@@ -160,15 +155,55 @@ def _list(raw: Any) -> list[Mapping[str, Any]]:
     return raw
 
 
+_SETS = ("max_connections", "max_messages_per_connection", "max_messages_per_minute")
+_NAME_FIX = {
+    "host": "write an MX host name, e.g. mx1.example.net, or .example.net for every host "
+    "under example.net",
+    "domain": "write a recipient domain, e.g. gmail.com, or .example.com for every domain "
+    "under example.com",
+}
+
+
 def _destination(index: int, raw: Mapping[str, Any]) -> DestinationRule:
     where = f"destinations[{index}]"
-    _only(raw, where, {"match", "max_connections"})
-    match = raw.get("match")
-    if not isinstance(match, str):
-        raise FairConfigError(f"{where}.match: expected an MX address or network, as a string")
-    return DestinationRule(_network(match, f"{where}.match"),
-                           _integer(raw.get("max_connections"), f"{where}.max_connections",
-                                    minimum=1))  # fmt: skip
+    _only(raw, where, {"match", "host", "domain", "resolve_every", *_SETS})
+    given = [key for key in ("match", "host", "domain") if key in raw]
+    if not given:
+        raise FairConfigError(
+            f"{where}: say which destinations it is for: match (an MX address or network), "
+            "host (an MX host name) or domain (a recipient domain)"
+        )
+    if len(given) > 1:
+        raise FairConfigError(
+            f"{where}: {' and '.join(given)} together: a rule has one of match, host or "
+            "domain; write one rule for each"
+        )
+    key = given[0]
+    value = raw[key]
+    if not isinstance(value, str):
+        raise FairConfigError(f'{where}.{key}: expected a string, e.g. {key} = "..."')
+    if key != "host" and "resolve_every" in raw:
+        raise FairConfigError(
+            f"{where}.resolve_every: only a host rule is resolved; remove it from this {key} rule"
+        )
+    if not any(name in raw for name in _SETS):
+        raise FairConfigError(f"{where}: sets nothing: give {', '.join(_SETS)} (or some)")
+    limits: dict[str, Any] = {}
+    for name in ("max_connections", "max_messages_per_connection"):
+        if name in raw:
+            limits[name] = _integer(raw[name], f"{where}.{name}", minimum=1)
+    if "max_messages_per_minute" in raw:
+        limits["max_messages_per_minute"] = _rate(raw["max_messages_per_minute"],
+                                                  f"{where}.max_messages_per_minute")  # fmt: skip
+    if key == "match":
+        return DestinationRule(network=_network(value, f"{where}.match"), **limits)
+    normal = normal_name(value)
+    if normal is None:
+        raise FairConfigError(f"{where}.{key}: {value!r} is not a name: {_NAME_FIX[key]}")
+    if key == "domain":
+        return DestinationRule(domain=normal, **limits)
+    every = _number(raw.get("resolve_every", 300.0), f"{where}.resolve_every", minimum=1.0)
+    return DestinationRule(host=normal, resolve_every=every, **limits)
 
 
 def _tenant(index: int, raw: Mapping[str, Any]) -> TenantGroup:
@@ -186,7 +221,7 @@ def _tenant(index: int, raw: Mapping[str, Any]) -> TenantGroup:
 
 def _deferral(index: int, raw: Mapping[str, Any]) -> Rule:
     where = f"deferral_rules[{index}]"
-    _only(raw, where, {"pattern", "class", "limit", "seconds"})
+    _only(raw, where, {"pattern", "class", "limit", "rate", "seconds", "suspend"})
     pattern = raw.get("pattern")
     if not isinstance(pattern, str):
         raise FairConfigError(f"{where}.pattern: expected a regular expression")
@@ -200,11 +235,18 @@ def _deferral(index: int, raw: Mapping[str, Any]) -> Rule:
         raise FairConfigError(
             f"{where}.class: expected capacity, rate, reputation or other"
         ) from None
-    limit = raw.get("limit")
+    limit, rate = raw.get("limit"), raw.get("rate")
     response = Response(
         seconds=_number(raw.get("seconds", 0.0), f"{where}.seconds"),
         limit=None if limit is None else _integer(limit, f"{where}.limit", minimum=1),
+        rate=None if rate is None else _rate(rate, f"{where}.rate"),
+        suspend=_number(raw.get("suspend", 0.0), f"{where}.suspend"),
     )
+    if (limit is not None or rate is not None) and response.seconds <= 0:
+        what = " and ".join(k for k in ("limit", "rate") if raw.get(k) is not None)
+        raise FairConfigError(
+            f"{where}.seconds: how long the {what} holds: give seconds, e.g. seconds = 300"
+        )
     return Rule(compiled, kind, response)
 
 
@@ -218,12 +260,20 @@ def _network(value: Any, key: str) -> Network:
     try:
         return ipaddress.ip_network(str(value), strict=False)
     except ValueError:
-        raise FairConfigError(f"{key}: {value!r} is not an address or network") from None
+        raise FairConfigError(
+            f"{key}: {value!r} is not an address or network, e.g. 192.0.2.0/24"
+        ) from None
 
 
 def _number(raw: Any, key: str, *, minimum: float = 0.0) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < minimum:
         raise FairConfigError(f"{key}: expected a number of at least {minimum:g}")
+    return float(raw)
+
+
+def _rate(raw: Any, key: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw < float("inf"):
+        raise FairConfigError(f"{key}: expected messages a minute, a number above 0, e.g. 600")
     return float(raw)
 
 

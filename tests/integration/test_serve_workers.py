@@ -4,6 +4,7 @@ holds every session, SIGTERM ends everything cleanly."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import smtplib
@@ -12,10 +13,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
@@ -161,3 +164,78 @@ async def test_workers_restart_with_a_broker_that_died(tmp_path: Path) -> None:
         assert "restarting it" in output, output
         assert "the fair-sharing broker went away" in output, output
         assert proc.returncode == 0, output
+
+
+def _send_deferred(source: str, port: int) -> str:
+    """One message the MX defers at MAIL: the 4xx the client got."""
+    with smtplib.SMTP("127.0.0.1", port, timeout=30, source_address=(source, 0)) as smtp:
+        try:
+            smtp.sendmail(f"s@{source}", ["r@example.org"], "Subject: d\r\n\r\nbody\r\n")
+        except smtplib.SMTPSenderRefused as exc:
+            return f"{exc.smtp_code} {exc.smtp_error.decode()}"
+    raise AssertionError("the MX's deferral did not reach the client")
+
+
+async def test_two_workers_apply_destination_and_deferral_rules_in_the_broker(
+    tmp_path: Path,
+) -> None:
+    """The rules are the broker's: with two workers a rule's ``max_connections = 2`` and
+    ``max_messages_per_connection = 2`` hold for the host (no MX connection carries
+    more than two messages, never more than two at once), a deferral is classified by a
+    ``[[deferral_rules]]`` rule and counted there, and ``mailsluice destinations --json``
+    shows the rule, the deferral by class and the latencies the workers measured."""
+    log = tmp_path / "sessions.db"
+    config = tmp_path / "mailsluice.toml"
+    config.write_text(
+        '[[destinations]]\nmatch = "127.0.0.1"\nmax_connections = 2\n'
+        "max_messages_per_connection = 2\n\n"
+        '[[deferral_rules]]\npattern = "slow down"\nclass = "rate"\nrate = 600\nseconds = 5\n'
+    )
+    sources = [f"127.0.0.{n}" for n in range(2, 8)]
+    plan = [Fault(Phase.MAIL, Action.REPLY_4XX, data=b"451 4.7.28 slow down\r\n", connection=1)]
+    async with ScriptedMX(faults=plan, data_reply_delay=0.05) as mx:
+        port = _free_port()
+        proc = _serve(
+            "--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{port}",
+            "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",
+        )  # fmt: skip
+        started, view = "", None
+        try:
+            started = await asyncio.wait_for(asyncio.to_thread(_wait_for_workers, proc, 2), 20)
+            deferral = await asyncio.to_thread(_send_deferred, sources[0], port)
+            async with asyncio.TaskGroup() as group:
+                for source in sources:
+                    group.create_task(asyncio.to_thread(_send_from, source, port, 2))
+            await mx.ledger.wait_for(12, timeout=10)
+            deadline = time.monotonic() + 15
+            while view is None and time.monotonic() < deadline:
+                view = await asyncio.to_thread(_shown, tmp_path / "destinations.json", 6)
+                if view is None:
+                    await asyncio.sleep(0.3)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            output = started + (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
+        assert proc.returncode == 0, output
+        assert mx.peak["127.0.0.1"] <= 2, (mx.peak, output)
+        mails = [sum(c.upper().startswith(b"MAIL") for c in s.commands) for s in mx.sessions]
+    assert deferral == "451 4.7.28 slow down", deferral
+    assert max(mails) <= 2, mails  # two messages per connection at most, the rule's
+    assert view is not None, (tmp_path / "destinations.json").read_text()
+    assert (view["limit"], view["learned"], view["rule"]) == (2, False, "match 127.0.0.1/32")
+    assert view["max_messages_per_connection"] == 2
+    assert view["deferrals"] == {"rate": 1}
+    # a latency per new connection: 12 messages, two a connection at most
+    assert view["latency"]["greeting"]["count"] >= 6
+    assert view["latency"]["to_354"]["count"] >= 6
+
+
+def _shown(state: Path, messages: int) -> dict[str, Any] | None:
+    """``mailsluice destinations --json``'s destination once it counts ``messages`` 354s."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mailsluice", "destinations", "--json", "--state", str(state)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    view: dict[str, Any] = json.loads(done.stdout.splitlines()[0])
+    return view if view["latency"]["to_354"].get("count", 0) >= messages else None

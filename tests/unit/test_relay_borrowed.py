@@ -209,6 +209,27 @@ def test_a_wait_that_runs_out_is_451_and_the_session_goes_on() -> None:
     assert book
 
 
+def test_a_declined_wait_is_451_at_once_with_the_schedulers_reason() -> None:
+    """The destination is suspended: the scheduler declines, and what waits gets 451
+    4.4.5 with its text now (not at ``hold_max``); the session goes on, and a slot that
+    would come late changes nothing."""
+    paused = "Error: 192.0.2.1 is paused for 60 s after its rate deferral, try again later"
+    told = f"451 4.4.5 {paused}\r\n".encode()
+    book = (
+        waiting()
+        >> ev.ServerDeclined(paused)
+        << act.CancelAcquire()
+        << to_c(told)
+        << to_c(told)
+        << to_c(told)
+        >> ev.ServerDeclined(paused)
+        >> c(QUIT)
+        << to_c(BYE)
+        << act.CloseClient(linger=False)
+    )
+    assert book
+
+
 def test_the_wait_is_hold_max() -> None:
     book = (
         Playbook(borrowed(), ignore=(act.Log,))

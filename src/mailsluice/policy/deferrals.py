@@ -14,8 +14,8 @@ A 4xx from an MX is one of four things, told apart by its text and enhanced code
 * **other**: everything else (a full mailbox, a greylisting, a busy server...).
 
 The patterns below are the usual ones; ``[[deferral_rules]]`` in the configuration add
-more, each with the class it means and what to do for how long (``Rule``), like
-KumoMTA's automation rules.
+more, each with the class it means and what to do for how long (``Rule``, ``Response``:
+fewer connections, a lower message rate, a suspension), like KumoMTA's automation rules.
 """
 
 from __future__ import annotations
@@ -39,12 +39,22 @@ class DeferralClass(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """What a class of deferral does to its destination: at most ``limit`` connections
-    for ``seconds`` (fewer connections, so fewer messages at once, is how the proxy slows
-    a destination down without a queue of its own)."""
+    """What a deferral does to its destination: at most ``limit`` connections and at most
+    ``rate`` messages a minute for ``seconds`` (fewer connections, or fewer grants a
+    minute, is how the proxy slows a destination down without a queue of its own), and
+    no new transaction at all for ``suspend`` seconds (the scheduler declines them at
+    once: ``451 4.4.5`` saying the destination is paused, and for how long)."""
 
     seconds: float = 0.0
     limit: int | None = None
+    rate: float | None = None  # messages a minute, for ``seconds``
+    suspend: float = 0.0  # seconds without a new transaction
+
+    @property
+    def asks(self) -> bool:
+        """Whether it asks for anything (a limit or a rate for a while, a suspension)."""
+        lasting = self.seconds > 0 and (self.limit is not None or self.rate is not None)
+        return lasting or self.suspend > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +100,9 @@ def classify(reply: Reply, rules: Sequence[Rule]) -> tuple[DeferralClass, Respon
 
 
 def respond(reply: Reply, rules: Sequence[Rule]) -> Response | None:
-    """What to do about a transient reply; None when it asks for nothing."""
+    """What to do about a transient reply; None when it asks for nothing (the built-in
+    ``other`` and ``capacity`` rules ask for nothing; an operator's rule of any class may)."""
     if not reply.is_transient:
         return None
-    kind, response = classify(reply, rules)
-    if kind is DeferralClass.OTHER or response.seconds <= 0 or response.limit is None:
-        return None
-    return response
+    _, response = classify(reply, rules)
+    return response if response.asks else None

@@ -20,6 +20,11 @@ free while someone waits, and an idle connection of one tenant is reclaimed
 unless its own tenant waits too and the move would only swap the odd slot of a limit
 the tenants cannot share evenly: that slot moves once per ``SWAP_QUANTUM`` of service.
 
+A destination may also be paced (``pacing``: a message rate, a suspension): the shell
+sets ``allowance``, the grants that may go now, before each fact. Within it the grants
+go as without a pace, in the fair order (so none is withheld while one may go); beyond
+it every ticket waits in line, in its fair order, like one that finds no room.
+
 Nothing here has a clock or does I/O: the shell (``runtime``) feeds the facts (a
 transaction ended, a connection closed, the MX refused one) and performs the
 directives; the learned limit is ``learned.LearnedLimit``'s.
@@ -75,7 +80,7 @@ class _Tenant:
 class FairShare:
     """The slots of one destination (see the module docstring)."""
 
-    __slots__ = ("_limit", "_seq", "_tenants", "_tickets", "_weight")
+    __slots__ = ("_limit", "_seq", "_tenants", "_tickets", "_weight", "allowance")
 
     def __init__(
         self, limit: int, weights: Mapping[str, float] | Callable[[str], float] | None = None
@@ -91,6 +96,8 @@ class FairShare:
         self._tenants: dict[str, _Tenant] = {}
         self._tickets: dict[int, tuple[str, int]] = {}  # ticket -> (tenant, order)
         self._seq = 0  # order of arrival, for the last tie-break
+        #: grants that may go now (the destination's pace); None: as many as fit
+        self.allowance: int | None = None
 
     # ------------------------------------------------------------------ views
     @property
@@ -198,6 +205,10 @@ class FairShare:
             del self._tickets[ticket]
         return self._fill()
 
+    def refill(self) -> list[Directive]:
+        """The allowance changed (the pace let more through): fill the free slots."""
+        return self._fill()
+
     def set_limit(self, limit: int) -> list[Directive]:
         """A new limit (configured, or learned). Lowered, no connection is taken away:
         the excess drains as transactions end (their connections are not kept)."""
@@ -216,7 +227,7 @@ class FairShare:
         else an idle connection of another tenant is reclaimed for it. The scan starts
         again after every grant (a grant changes the order)."""
         out: list[Directive] = []
-        while self._tickets:
+        while self._tickets and self.allowance != 0:
             room = self._on_the_way()  # each covers one waiting ticket
             granted = False
             ahead: dict[str, int] = {}  # the tenant's tickets before this one in line
@@ -317,6 +328,8 @@ class FairShare:
         del self._tickets[ticket]
         record.busy += 1
         record.served += 1.0 / record.weight
+        if self.allowance is not None:
+            self.allowance -= 1
         return Grant(ticket, tenant, reuse)
 
     # ------------------------------------------------------------------ bookkeeping

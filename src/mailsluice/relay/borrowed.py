@@ -303,15 +303,20 @@ class BorrowedLease:
     def deferred(self) -> None:
         """A deferral is the tenant's business here; the connection stays usable."""
 
-    def wait_ran_out(self) -> None:
-        """No slot within ``hold_max``: 451 4.4.5 to what waits; the session goes on."""
+    def wait_ran_out(self, text: str | None = None) -> None:
+        """No slot within ``hold_max``: 451 4.4.5 to what waits; the session goes on.
+        ``text``: the scheduler declined at once (a suspended destination), and says why."""
         state, out = self._state, self._out
-        out.note(f"no connection to {self._destination} within the wait: 451 4.4.5")
+        refusal = _WAIT_RAN_OUT if text is None else Reply.make(451, "4.4.5", text)
+        if text is None:
+            out.note(f"no connection to {self._destination} within the wait: 451 4.4.5")
+        else:
+            out.note(f"no connection to {self._destination} now: 451 4.4.5 {text}")
         out.add(act.CancelAcquire())
         state.move_link(Link.NONE)
         if state.awaiting and state.awaiting[0].what is Await.GREETING:  # first contact
             state.awaiting.clear()
-            self._relay.fail(_WAIT_RAN_OUT, "destination-busy")
+            self._relay.fail(refusal, "destination-busy")
             return
         while state.held:
             command, sent = state.held.popleft()
@@ -319,11 +324,11 @@ class BorrowedLease:
             assert slot is not None
             reply = _BYE if command.verb == "QUIT" else _IDLE_ANSWERS.get(command.verb)
             if reply is None or command.verb in ("VRFY", "EXPN", "HELP"):
-                reply = _WAIT_RAN_OUT
+                reply = refusal
             slot.kind, slot.reply, slot.direction = Owed.PLAIN, reply, Direction.PROXY_TO_CLIENT
             if command.verb == "QUIT":
                 slot.close = "quit"
-        out.transaction_ended("deferred", _WAIT_RAN_OUT)
+        out.transaction_ended("deferred", refusal)
         self._relay.flush()
 
 

@@ -49,6 +49,14 @@ class ServerConnectFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerDeclined:
+    """Late binding: no slot will come now (the destination is suspended after a
+    deferral): what waits gets ``451 4.4.5`` with ``text`` at once, not at ``hold_max``."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ServerData:
     data: bytes
 
@@ -113,6 +121,7 @@ Event = (
     | ServerGranted
     | ServerReused
     | ServerConnectFailed
+    | ServerDeclined
     | ServerData
     | ServerClosed
     | TlsStarted

@@ -97,8 +97,9 @@ class Lease(Protocol):
         the session back in line (late binding; the shell judges whether it waits
         again); False: the relay's usual failure."""
 
-    def wait_ran_out(self) -> None:
-        """Late binding: ``hold_max`` passed with no slot."""
+    def wait_ran_out(self, text: str | None = None) -> None:
+        """Late binding: ``hold_max`` passed with no slot (or, with ``text``, the
+        scheduler said none will come now)."""
 
 
 class DedicatedLease:
@@ -210,7 +211,7 @@ class DedicatedLease:
     def lost_before_use(self, reason: str) -> bool:
         return False  # nothing to wait for: the session has no other connection coming
 
-    def wait_ran_out(self) -> None:
+    def wait_ran_out(self, text: str | None = None) -> None:
         raise IllegalMove("a dedicated link is never waited for")
 
     def quit(self, command: Command) -> bool:

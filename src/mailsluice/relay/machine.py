@@ -209,6 +209,9 @@ class Relay:
                 if not self._lease.lost_before_use(reason):
                     state.move_link(Link.GONE)
                     self.fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
+            case ev.ServerDeclined(text):
+                if state.link is Link.WANTED:  # (else a slot came first: nothing waits)
+                    self._lease.wait_ran_out(text)
             case ev.ServerClosed(reason):
                 self._server_closed(reason)
             case ev.TlsStarted(version, cipher, verified):

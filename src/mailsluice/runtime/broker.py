@@ -8,10 +8,13 @@ what happens to its tickets and connections goes in, the orders for its tickets 
 connections come back. The socket is an abstract one (Linux: no file to clean up),
 named after the supervisor.
 
-The messages are JSON lines, one per fact or order, each naming its destination. A
-ticket or a connection carries its worker in its high bits (``destinations``), so an
-order goes to the worker it concerns. The broker writes the destinations' state file
-(``statefile``) for the host.
+The messages are JSON lines, one per fact or order, each naming its destination
+(``orders``: ``ask``, ``park``, ``gone``, ``deferred``, ``latency``, ``domain``...; back:
+``take``, ``close``, ``failed``, ``declined``). A ticket or a connection carries its
+worker in its high bits, so an order goes to the worker it concerns. The broker writes
+the destinations' state file (``statefile``) for the host, and resolves the host names
+of the ``[[destinations]]`` rules (``names``): the rules are applied where the scheduler
+is.
 
 If the broker goes away, a worker cannot share fairly any more: it stops (gracefully:
 what runs finishes, new clients get 421) and the supervisor starts it again, with the
@@ -30,9 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
+from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
     Close,
+    Declined,
     DestKey,
     Failed,
     LocalScheduler,
@@ -88,21 +94,27 @@ class _Worker(asyncio.Protocol):
 
 
 class Broker:
-    """The scheduler behind the socket, and the workers it answers."""
+    """The scheduler behind the socket, and the workers it answers. ``destinations``:
+    the ``[[destinations]]`` rules, their host names resolved here (``names``, run by
+    ``_serve_broker``); ``fixed``: a limit per destination over the rules'."""
 
     def __init__(
         self,
         *,
         rules: LimitRules,
-        fixed: Callable[[DestKey], int | None],
         weight: Callable[[str], float],
         remembered: dict[DestKey, int],
+        destinations: tuple[DestinationRule, ...] = (),
+        fixed: Callable[[DestKey], int | None] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
+        self.names = HostNames(destinations)
         self.scheduler = LocalScheduler(
-            rules=rules, fixed=fixed, weight=weight, deliver=self._deliver, clock=loop.time,
+            rules=rules, weight=weight, deliver=self._deliver, clock=loop.time,
+            destinations=destinations, names=self.names, later=loop.call_later, fixed=fixed,
             remembered=remembered,
         )  # fmt: skip
+        self.names.changed = self.scheduler.rematch
         self._workers: dict[int, _Worker] = {}
         self.all_left = asyncio.Event()  # set while no worker is connected
         self.all_left.set()
@@ -143,7 +155,12 @@ class Broker:
             case "accepted":
                 scheduler.accepted(key)
             case "deferred":
-                scheduler.deferred(key, message["kind"], message["limit"], message["s"])
+                scheduler.deferred(key, message["kind"], message["limit"], message["s"],
+                                   message.get("rate"), message.get("sus", 0.0))  # fmt: skip
+            case "latency":
+                scheduler.latency(key, message.get("g"), message.get("d"))
+            case "domain":
+                scheduler.domain(key, str(message["d"]))
             case _:
                 raise ValueError(f"unknown operation {op!r}")
 
@@ -156,9 +173,12 @@ class Broker:
             return
         message: dict[str, Any]
         if isinstance(order, Take):
-            message = {"op": "take", "n": order.ticket, "t": order.tenant, "c": order.conn}
+            message = {"op": "take", "n": order.ticket, "t": order.tenant, "c": order.conn,
+                       "m": order.per_connection}  # fmt: skip
         elif isinstance(order, Close):
             message = {"op": "close", "t": order.tenant, "c": order.conn}
+        elif isinstance(order, Declined):
+            message = {"op": "declined", "n": order.ticket, "x": order.text}
         else:
             message = {"op": "failed", "n": order.ticket}
         message["k"] = list(key)
@@ -183,12 +203,14 @@ class Broker:
 async def _serve_broker(
     address: str,
     rules: LimitRules,
-    fixed: Callable[[DestKey], int | None],
+    destinations: tuple[DestinationRule, ...],
     weight: Callable[[str], float],
     state: Path | None,
     grace: float,
 ) -> None:
-    broker = Broker(rules=rules, fixed=fixed, weight=weight, remembered=read_learned(state))
+    broker = Broker(
+        rules=rules, weight=weight, remembered=read_learned(state), destinations=destinations
+    )
     server = await broker.listen(address)
     writer = None
     if state is not None:
@@ -198,7 +220,8 @@ async def _serve_broker(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with server:
+    async with server, asyncio.TaskGroup() as group:
+        resolving = group.create_task(broker.names.run()) if broker.names.needed else None
         await stop.wait()
         # the workers got the same signal and finish their sessions, which may still
         # need connections: the broker serves until the last has gone (or grace is over)
@@ -207,6 +230,9 @@ async def _serve_broker(
                 await broker.all_left.wait()
         except TimeoutError:
             log.warning("broker: workers still connected after the shutdown grace")
+        if resolving is not None:
+            resolving.cancel()
+    broker.scheduler.close()
     if writer is not None:
         writer.stop()
 
@@ -214,14 +240,14 @@ async def _serve_broker(
 def run_broker(
     address: str,
     rules: LimitRules,
-    fixed: Callable[[DestKey], int | None],
+    destinations: tuple[DestinationRule, ...],
     weight: Callable[[str], float],
     state: Path | None,
     grace: float,
 ) -> int:
     """The broker process's main (started by the supervisor before the workers); after
     SIGTERM it serves until the workers have gone, ``grace`` seconds (+10) at most."""
-    asyncio.run(_serve_broker(address, rules, fixed, weight, state, grace))
+    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace))
     return 0
 
 
@@ -276,9 +302,11 @@ class BrokerClient(asyncio.Protocol):
             op = message["op"]
             order: Order
             if op == "take":
-                order = Take(message["n"], message["t"], message["c"])
+                order = Take(message["n"], message["t"], message["c"], message.get("m"))
             elif op == "close":
                 order = Close(message["t"], message["c"])
+            elif op == "declined":
+                order = Declined(message["n"], str(message["x"]))
             else:
                 order = Failed(message["n"])
             self._deliver(key, order)
@@ -325,5 +353,20 @@ class BrokerClient(asyncio.Protocol):
     def accepted(self, key: DestKey) -> None:
         self._send({"op": "accepted", "k": key})
 
-    def deferred(self, key: DestKey, kind: str, limit: int | None, seconds: float) -> None:
-        self._send({"op": "deferred", "k": key, "kind": kind, "limit": limit, "s": seconds})
+    def deferred(
+        self,
+        key: DestKey,
+        kind: str,
+        limit: int | None,
+        seconds: float,
+        rate: float | None = None,
+        suspend: float = 0.0,
+    ) -> None:
+        self._send({"op": "deferred", "k": key, "kind": kind, "limit": limit, "s": seconds,
+                    "rate": rate, "sus": suspend})  # fmt: skip
+
+    def latency(self, key: DestKey, greeting: float | None, to_354: float | None) -> None:
+        self._send({"op": "latency", "k": key, "g": greeting, "d": to_354})
+
+    def domain(self, key: DestKey, domain: str) -> None:
+        self._send({"op": "domain", "k": key, "d": domain})

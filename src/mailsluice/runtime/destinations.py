@@ -15,7 +15,13 @@ module is the shell around those pure pieces:
   one) and closed politely (QUIT, then the MX's own close) when idle too long, when
   another tenant needs the room (``Reclaim``), or at shutdown;
 * the greeting and EHLO reply the destination last gave (``memo``) greet the next
-  sessions, so a session needs no connection until its first transaction.
+  sessions, so a session needs no connection until its first transaction;
+* what the sessions learn of it goes to the scheduler: a transaction accepted, a
+  deferral (and what its rule asks for), a new connection's latencies, and the recipient
+  domains a domain rule names (``recipients``: each once, so that the rule is bound).
+
+A connection carries at most its rule's ``max_messages_per_connection`` transactions
+(each ``Take`` says it; else ``max_transactions``), then it is closed, not kept idle.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mailsluice.policy.deferrals import DeferralClass, Rule, classify
+from mailsluice.policy.deferrals import Rule, classify
+from mailsluice.policy.destrules import DestinationRule, domain_rule, recipient_domain
 from mailsluice.policy.learned import LimitRules
 from mailsluice.relay.actions import UpstreamState
+from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
     Close,
+    Declined,
     DestKey,
     Failed,
     LocalScheduler,
@@ -46,18 +55,20 @@ __all__ = ["DestKey", "Destination", "Destinations", "Granted", "Hold", "Idle"]
 log = logging.getLogger("mailsluice.destinations")
 
 _QUIT_WAIT = 2.0  # seconds an idle connection's MX has to close after our QUIT
+_DOMAINS_TOLD = 32  # recipient domains told per destination, at most
 
 
 class Hold:
     """One connection counted against its destination's limit, numbered for its life."""
 
-    __slots__ = ("conn", "destination", "state", "tenant")
+    __slots__ = ("conn", "destination", "per_connection", "state", "tenant")
 
     def __init__(self, destination: Destination, tenant: str, conn: int) -> None:
         self.destination = destination
         self.tenant = tenant  # the tenant as the scheduler knows it
         self.conn = conn
         self.state = "busy"  # busy, idle, closing, gone
+        self.per_connection: int | None = None  # transactions it carries at most (a rule's)
 
 
 @dataclass(eq=False, slots=True)
@@ -76,6 +87,16 @@ class Idle:
 
 #: a grant: an idle connection of the tenant's (None: dial a new one), and its hold
 Granted = Callable[[Idle | None, Hold], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    """A ticket's session: ``granted`` a slot; ``failed`` (a refused dial, not about
+    capacity); ``declined`` (the destination is suspended: the text for the client)."""
+
+    granted: Granted
+    failed: Callable[[], None] | None = None
+    declined: Callable[[str], None] | None = None
 
 
 class _Watch(asyncio.Protocol):
@@ -127,14 +148,18 @@ class Destination:
         self.key = key
         self._owner = owner
         self.memo: UpstreamState | None = None
-        self._waiting: dict[int, tuple[Granted, Callable[[], None] | None]] = {}
+        self._waiting: dict[int, _Waiter] = {}
         self._idle: dict[int, Idle] = {}  # conn -> an idle connection kept for its tenant
+        self._domains: set[str] = set()  # the recipient domains told to the scheduler
 
     # ------------------------------------------------------------------ the line
     def ask(
-        self, tenant: str, ticket: int, granted: Granted, failed: Callable[[], None] | None = None
-    ) -> None:
-        self._waiting[ticket] = (granted, failed)
+        self, tenant: str, ticket: int, granted: Granted,
+        declined: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        """In line for a slot: ``granted`` later, or ``declined`` (with the text for the
+        client) when the destination is suspended."""
+        self._waiting[ticket] = _Waiter(granted, declined=declined)
         self._owner.scheduler.ask(self.key, self._owner.tenant_key(tenant), ticket)
 
     def cancel(self, ticket: int) -> None:
@@ -143,12 +168,12 @@ class Destination:
 
     def refused(
         self, hold: Hold, ticket: int, granted: Granted, failed: Callable[[], None], *,
-        capacity: bool,
+        capacity: bool, declined: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         """The new connection of ``hold`` was refused before use: the scheduler decides
         (a capacity refusal: back in line, ``granted`` later; else ``failed``)."""
         hold.state = "gone"
-        self._waiting[ticket] = (granted, failed)
+        self._waiting[ticket] = _Waiter(granted, failed, declined)
         self._owner.scheduler.refused(self.key, hold.tenant, ticket, hold.conn, capacity)
 
     def up(self, hold: Hold) -> None:
@@ -170,7 +195,7 @@ class Destination:
             or transport.is_closing()
             or transport.get_write_buffer_size()
             or now - entry.opened_at >= owner.max_age
-            or entry.transactions >= owner.max_transactions
+            or entry.transactions >= (hold.per_connection or owner.max_transactions)
         ):
             hold.state = "closing"
             owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=False)
@@ -224,8 +249,28 @@ class Destination:
 
     def deferred(self, code: int, text: str, rules: tuple[Rule, ...]) -> None:
         kind, response = classify(Reply.make(code, None, text), rules)
-        limit = response.limit if kind is not DeferralClass.OTHER else None
-        self._owner.scheduler.deferred(self.key, kind.value, limit, response.seconds)
+        self._owner.scheduler.deferred(
+            self.key, kind.value, response.limit, response.seconds, response.rate,
+            response.suspend,
+        )  # fmt: skip
+
+    def latency(self, greeting: float | None, to_354: float | None) -> None:
+        """A new connection's dial-to-greeting and dial-to-first-354 (seconds)."""
+        self._owner.scheduler.latency(self.key, greeting, to_354)
+
+    def recipients(self, addresses: tuple[str, ...]) -> None:
+        """A transaction's recipients: the domains a domain rule names go to the
+        scheduler (each once; the first binds its rule to the destination)."""
+        rules = self._owner.domain_rules
+        if not rules or len(self._domains) >= _DOMAINS_TOLD:
+            return
+        for address in addresses:
+            domain = recipient_domain(address)
+            if domain is None or domain in self._domains:
+                continue
+            if domain_rule(rules, domain) is not None:
+                self._domains.add(domain)
+                self._owner.scheduler.domain(self.key, domain)
 
     # ------------------------------------------------------------------ the scheduler's orders
     def apply(self, order: Order) -> None:
@@ -238,8 +283,12 @@ class Destination:
             return
         waiting = self._waiting.pop(order.ticket, None)
         if isinstance(order, Failed):
-            if waiting is not None and waiting[1] is not None:
-                loop.call_soon(waiting[1])
+            if waiting is not None and waiting.failed is not None:
+                loop.call_soon(waiting.failed)
+            return
+        if isinstance(order, Declined):
+            if waiting is not None and waiting.declined is not None:
+                loop.call_soon(waiting.declined, order.text)
             return
         if order.conn:
             entry = self._idle.pop(order.conn, None)
@@ -249,16 +298,18 @@ class Destination:
                     self._owner.scheduler.retry(self.key, order.tenant, order.ticket)
                 return
             entry.hold.state = "busy"
+            entry.hold.per_connection = order.per_connection
             if waiting is None:  # the waiter left meanwhile: the connection goes back
                 self.release(entry)
                 return
-            loop.call_soon(waiting[0], entry, entry.hold)
+            loop.call_soon(waiting.granted, entry, entry.hold)
             return
         hold = Hold(self, order.tenant, self._owner.next_conn())
+        hold.per_connection = order.per_connection
         if waiting is None:
             self.lost(hold)
             return
-        loop.call_soon(waiting[0], None, hold)
+        loop.call_soon(waiting.granted, None, hold)
 
     def sweep(self, now: float, idle_timeout: float) -> bool:
         """Close idle connections older than ``idle_timeout``; True while any is left."""
@@ -278,31 +329,37 @@ class Destinations:
     this process is alone, or the broker's client with several workers (``attach``);
     its orders come back through ``deliver``. ``worker`` numbers this worker: tenants are
     then known to the scheduler as ``tenant@worker`` and connection numbers are unique
-    in the host."""
+    in the host. ``names``: the host rules' names, resolved for this process's own
+    scheduler (its ``run`` is the proxy's to start, when ``needed``)."""
 
     def __init__(
         self,
         *,
         rules: LimitRules,
-        fixed: Callable[[DestKey], int | None],
         weight: Callable[[str], float],
         idle_timeout: float,
         max_age: float,
         max_transactions: int,
         forget_outbound: Callable[[tuple[str, int, str, int]], None],
+        destinations: tuple[DestinationRule, ...] = (),
         remembered: dict[DestKey, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.idle_timeout = idle_timeout
         self.max_age = max_age
         self.max_transactions = max_transactions
+        self.domain_rules = tuple(r for r in destinations if r.domain is not None)
         self._forget_outbound = forget_outbound
         self.clock = clock
         self.worker: int | None = None
-        self.scheduler: Scheduler = LocalScheduler(
-            rules=rules, fixed=fixed, weight=weight, deliver=self.deliver, clock=clock,
+        self.names = HostNames(destinations)
+        local = LocalScheduler(
+            rules=rules, weight=weight, deliver=self.deliver, clock=clock,
+            destinations=destinations, names=self.names, later=self._later,
             remembered=remembered,
         )  # fmt: skip
+        self.names.changed = local.rematch
+        self.scheduler: Scheduler = local
         self._all: dict[DestKey, Destination] = {}
         self._tickets = 0
         self._conns = 0
@@ -327,6 +384,9 @@ class Destinations:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         return loop
+
+    def _later(self, seconds: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return self.loop.call_later(seconds, callback)
 
     def get(self, key: DestKey) -> Destination:
         destination = self._all.get(key)
@@ -373,6 +433,8 @@ class Destinations:
             self._sweeper = None
         for destination in list(self._all.values()):
             destination.close_idle()
+        if self.local is not None:
+            self.local.close()
 
     def views(self) -> list[dict[str, object]]:
         local = self.local

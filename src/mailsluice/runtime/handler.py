@@ -29,10 +29,10 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
-from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
 from mailsluice.runtime.destinations import Destination, Hold, Idle
 from mailsluice.runtime.dialer import plain_host
+from mailsluice.runtime.dialprobe import DialProbe, GreetingWatch, finish, observe
 from mailsluice.runtime.filterjob import FilterDriver
 from mailsluice.runtime.linger import LingeringClose
 from mailsluice.runtime.mxleg import MxLeg
@@ -103,7 +103,7 @@ class ConnectionHandler:
 
     __slots__ = (
         "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_destination",
-        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate",
+        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate", "_probe",
         "_server_blocked", "_services", "_tenant", "_ticket", "_timeout", "_timer",
         "_timer_on_server", "_write_deadline", "mx", "relay",
     )  # fmt: skip
@@ -130,6 +130,7 @@ class ConnectionHandler:
         self._destination: Destination | None = None  # fair sharing: its share
         self._tenant = ""  # fair sharing: whose share this connection's transactions use
         self._ticket: int | None = None  # fair sharing: our place in line, while we wait
+        self._probe: DialProbe | None = None  # fair sharing: a new connection's latencies
         self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
@@ -151,9 +152,7 @@ class ConnectionHandler:
         now = time.time()
         if refusal is None:
             refusal = services.admit(peer[0], destination, sock)
-        self.mx = MxLeg(
-            services, destination, feed=self._feed, protocol=partial(Side, self, client=False)
-        )
+        self.mx = MxLeg(services, destination, feed=self._feed, protocol=self._mx_side)
         dest = format_address(destination)
         fair = services.destinations
         cached = None
@@ -327,12 +326,8 @@ class ConnectionHandler:
             elif isinstance(action, act.Log):
                 record = action.record
                 self._services.log_writer.submit(record)
-                if (
-                    self._destination is not None
-                    and type(record) is TransactionEnded
-                    and record.outcome == "delivered"
-                ):
-                    self._destination.accepted()
+                if self._destination is not None:
+                    self._probe = observe(self._destination, record, self._probe)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
                 self._arm(action.seconds)
@@ -399,6 +394,13 @@ class ConnectionHandler:
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed
 
+    def _mx_side(self) -> Side:
+        """The MX transport's protocol (a new connection's notes its greeting's time)."""
+        probe = self._probe
+        if probe is not None and probe.greeting is None:
+            return GreetingWatch(self, probe)
+        return Side(self, client=False)
+
     # ------------------------------------------------------------ fair sharing
     def _ask(self) -> None:
         """Late binding: in line for a slot of the destination (``_granted`` answers)."""
@@ -406,7 +408,7 @@ class ConnectionHandler:
         assert destination is not None
         assert fair is not None
         self._ticket = fair.ticket()
-        destination.ask(self._tenant, self._ticket, self._granted)
+        destination.ask(self._tenant, self._ticket, self._granted, self._declined)
 
     def _granted(self, entry: Idle | None, hold: Hold) -> None:
         """A slot (on the loop's next turn): the tenant's idle connection, or a dial."""
@@ -418,12 +420,19 @@ class ConnectionHandler:
             else:
                 destination.lost(hold)
             return
+        self._probe = None if entry is not None else DialProbe(time.time())
         if entry is not None:
             self._feed(ev.ServerReused(self.mx.adopt(entry)))
             return
         self.mx.hold = hold
         self._feed(ev.ServerGranted())
         self._jobs.add(partial(self.mx.connect, self._relay_open))
+
+    def _declined(self, text: str) -> None:
+        """No slot now (the destination is suspended): the relay answers 451 at once."""
+        self._ticket = None
+        if self._relay_open():
+            self._feed(ev.ServerDeclined(text))
 
     def _requeue(self, reason: str, *, capacity: bool) -> None:
         """The connection was refused before use: the scheduler puts the transaction back
@@ -434,7 +443,9 @@ class ConnectionHandler:
             return
         self._ticket = fair.ticket()
         failed = partial(self._refusal_failed, ev.ServerConnectFailed(reason))
-        destination.refused(hold, self._ticket, self._granted, failed, capacity=capacity)
+        destination.refused(
+            hold, self._ticket, self._granted, failed, capacity=capacity, declined=self._declined
+        )
 
     def _refusal_failed(self, event: ev.Event) -> None:
         self._ticket = None
@@ -526,6 +537,9 @@ class ConnectionHandler:
         ticket, self._ticket = self._ticket, None
         if ticket is not None and self._destination is not None:
             self._destination.cancel(ticket)
+        probe, self._probe = self._probe, None
+        if self._destination is not None:
+            finish(self._destination, probe)
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -11,6 +11,15 @@ call it directly (``LocalScheduler``); with ``--workers N`` it runs in the broke
 (``broker``) and the workers reach it through a socket, so the limits and the fair
 shares hold for the host, not per worker.
 
+The ``[[destinations]]`` rules are applied here (``policy.destrules``): the first that
+matches a destination's MX address, the host names that address is known by (``Names``,
+``runtime.names``: resolved in the scheduler's process) or the recipient domain bound to
+it (the first one a worker reported that a domain rule matches) sets its fixed limit, the
+transactions a connection carries (sent with each ``Take``) and its message rate. The
+rate, and a deferral rule's rate or suspension, pace the grants (``policy.pacing``): a
+transaction that may not go yet waits in the waiting room, and a timer (``later``: the
+loop's ``call_later``) fills it again when the next grant is due.
+
 Tenants are keyed as the workers name them (``tenant`` alone in one process,
 ``tenant@worker`` with several: a connection lives in one worker, so an idle one can only
 be reused there); weights follow the tenant.
@@ -19,18 +28,43 @@ be reused there); weights follow the tenant.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import partial
 
+from mailsluice.policy.destrules import DestinationRule, Limits, domain_rule, select
 from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
 from mailsluice.policy.learned import LearnedLimit, LimitRules
+from mailsluice.policy.pacing import Pacing
+from mailsluice.runtime.meters import Tally
+from mailsluice.runtime.orders import (
+    Cancellable,
+    Close,
+    Declined,
+    Deliver,
+    DestKey,
+    Failed,
+    Later,
+    Names,
+    Order,
+    Scheduler,
+    Take,
+    numbered,
+    tenant_key,
+    worker_of,
+)
 
-__all__ = [
+__all__ = [  # the orders and the protocol too, where the runtime has always found them
+    "Close",
+    "Declined",
+    "DestKey",
     "Failed",
     "LocalScheduler",
+    "Names",
     "Order",
     "Scheduler",
+    "Take",
     "numbered",
     "tenant_key",
     "worker_of",
@@ -38,89 +72,7 @@ __all__ = [
 
 log = logging.getLogger("mailsluice.scheduler")
 
-DestKey = tuple[str, str, int]  # (source address or "", MX address, MX port)
-
-_WORKER_SHIFT = 40
-
-
-def numbered(worker: int | None, count: int) -> int:
-    """A ticket or connection number unique in the host: with several workers, the
-    worker's number (+1) in the high bits."""
-    return count if worker is None else (worker + 1) << _WORKER_SHIFT | count
-
-
-def worker_of(number: int) -> int:
-    """The worker a ticket or connection number belongs to (-1: the only process)."""
-    return (number >> _WORKER_SHIFT) - 1
-
-
-def tenant_key(tenant: str, worker: int | None) -> str:
-    """The tenant as the scheduler knows it: ``tenant@worker`` with several workers."""
-    return tenant if worker is None else f"{tenant}@{worker}"
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The refused connection of ``ticket`` was not about capacity: the session fails it."""
-
-    ticket: int
-
-
-@dataclass(frozen=True, slots=True)
-class Take:
-    """``ticket`` goes ahead: on the idle connection ``conn`` of its tenant, or (``conn``
-    0) on a new one."""
-
-    ticket: int
-    tenant: str
-    conn: int
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Close the idle connection ``conn`` of ``tenant`` (QUIT): its slot is wanted."""
-
-    tenant: str
-    conn: int
-
-
-Order = Take | Close | Failed
-Deliver = Callable[[DestKey, Order], None]
-
-
-class Scheduler(Protocol):
-    """What a worker's destinations tell the scheduler (see the module docstring).
-
-    Every connection has a number (``conn``, unique in the host) for its life: the
-    orders name the idle connection they mean, so a worker and a scheduler in different
-    processes cannot mistake one for another when an idle connection dies while an
-    order about it is on its way."""
-
-    def ask(self, key: DestKey, tenant: str, ticket: int) -> None: ...
-
-    def retry(self, key: DestKey, tenant: str, ticket: int) -> None: ...
-
-    def cancel(self, key: DestKey, ticket: int) -> None: ...
-
-    def park(self, key: DestKey, tenant: str, conn: int) -> None:
-        """The transaction on ``conn`` ended; it is kept idle for the tenant."""
-
-    def closing(self, key: DestKey, tenant: str, conn: int, idle: bool) -> None:
-        """The worker closes ``conn`` on its own (QUIT): it counts until gone."""
-
-    def gone(self, key: DestKey, tenant: str, conn: int) -> None:
-        """``conn`` is gone for good, whatever it was."""
-
-    def up(self, key: DestKey, tenant: str, conn: int) -> None:
-        """A new connection is established (the MX accepted it): it counts as open."""
-
-    def refused(
-        self, key: DestKey, tenant: str, ticket: int, conn: int, capacity: bool
-    ) -> None: ...
-
-    def accepted(self, key: DestKey) -> None: ...
-
-    def deferred(self, key: DestKey, kind: str, limit: int | None, seconds: float) -> None: ...
+_TIMER_SLACK = 0.001  # seconds after a grant is due that the pacing timer fires
 
 
 def _text(key: DestKey) -> str:
@@ -133,6 +85,10 @@ def _text(key: DestKey) -> str:
 class _Destination:
     share: FairShare
     limit: LearnedLimit
+    pacing: Pacing
+    rule: int | None = None  # the [[destinations]] rule that applies (its index)
+    bound: int | None = None  # the domain rule bound to it (its index)
+    per_connection: int | None = None  # transactions a connection carries (the rule's)
     asked: dict[int, float] = field(default_factory=dict)  # ticket -> when
     idle: dict[str, list[int]] = field(default_factory=dict)  # tenant -> idle conns, oldest first
     closing: set[int] = field(default_factory=set)  # conns on their way out
@@ -140,28 +96,37 @@ class _Destination:
     up: set[int] = field(default_factory=set)  # conns established (the MX has them)
     cap: int = 0  # a deferral rule's lower limit ...
     cap_until: float = 0.0  # ... until then
-    grants: int = 0
-    waited: int = 0
-    wait_seconds: float = 0.0
-    peak_in_use: int = 0
-    refusals: int = 0
-    deferrals: dict[str, int] = field(default_factory=dict)
+    suspended_by: str = ""  # the class of the deferral that suspended it
+    timer: Cancellable | None = None  # the pace's next grant is due ...
+    timer_at: float = 0.0  # ... then
+    tally: Tally = field(default_factory=Tally)
 
 
 class LocalScheduler:
-    """The scheduler, in this process (see the module docstring)."""
+    """The scheduler, in this process (see the module docstring).
+
+    ``destinations``: the ``[[destinations]]`` rules; ``names``: what their host names
+    resolve to (none: host rules never match); ``later``: a timer for the pace (none:
+    a paced destination is filled again only by the next fact about it); ``fixed``: a
+    limit per destination over the rules' (an embedding's, or a test's)."""
 
     def __init__(
         self,
         *,
         rules: LimitRules,
-        fixed: Callable[[DestKey], int | None],
         weight: Callable[[str], float],
         deliver: Deliver,
         clock: Callable[[], float],
+        destinations: Sequence[DestinationRule] = (),
+        names: Names | None = None,
+        later: Later | None = None,
+        fixed: Callable[[DestKey], int | None] | None = None,
         remembered: dict[DestKey, int] | None = None,
     ) -> None:
         self._rules = rules
+        self._book = tuple(destinations)
+        self._names = names
+        self._later = later
         self._fixed = fixed
         self._weight = weight
         self.deliver = deliver
@@ -172,37 +137,99 @@ class LocalScheduler:
     def _get(self, key: DestKey) -> _Destination:
         destination = self._all.get(key)
         if destination is None:
+            index = self._select(key, None)
+            limits = self._limits(index)
             limit = LearnedLimit(
-                self._rules,
-                fixed=self._fixed(key),
-                remembered=self._remembered.get(key),
-                now=self._clock(),
-            )
-            destination = _Destination(FairShare(limit.value, self._tenant_weight), limit)
+                self._rules, fixed=self._fixed_for(key, limits),
+                remembered=self._remembered.get(key), now=self._clock(),
+            )  # fmt: skip
+            destination = _Destination(
+                FairShare(limit.value, self._tenant_weight), limit,
+                Pacing(limits.max_messages_per_minute), rule=index,
+                per_connection=limits.max_messages_per_connection,
+            )  # fmt: skip
             self._all[key] = destination
+            if self._names is not None:
+                self._names.want(key[1])
         return destination
 
     def _tenant_weight(self, key: str) -> float:
         """Weights follow the tenant: ``tenant@worker`` counts as ``tenant``."""
         return self._weight(key.rpartition("@")[0] or key)
 
+    # ------------------------------------------------------------------ the rules
+    def _select(self, key: DestKey, bound: int | None) -> int | None:
+        names = self._names.names_of(key[1]) if self._names is not None else ()
+        return select(self._book, key[1], names, bound)
+
+    def _limits(self, index: int | None) -> Limits:
+        return Limits() if index is None else self._book[index].limits
+
+    def _fixed_for(self, key: DestKey, limits: Limits) -> int | None:
+        fixed = self._fixed(key) if self._fixed is not None else None
+        return limits.max_connections if fixed is None else fixed
+
+    def domain(self, key: DestKey, domain: str) -> None:
+        """A recipient domain seen there: the first a domain rule matches binds that rule
+        to the destination for good (the rule in effect is then the first of the file
+        that matches: this one, or an address or host rule before it)."""
+        destination = self._get(key)
+        if destination.bound is not None:
+            return
+        index = domain_rule(self._book, domain)
+        if index is not None:
+            destination.bound = index
+            log.info("destination %s: recipient domain %s: %s bound to it", _text(key),
+                     domain, self._book[index].describe())  # fmt: skip
+            self._rematch(key, destination)
+
+    def rematch(self) -> None:
+        """The names of MX addresses changed (resolved again): every rule is checked."""
+        for key, destination in list(self._all.items()):
+            self._rematch(key, destination)
+
+    def _rematch(self, key: DestKey, destination: _Destination) -> None:
+        index = self._select(key, destination.bound)
+        if index == destination.rule:
+            return
+        destination.rule = index
+        limits = self._limits(index)
+        destination.per_connection = limits.max_messages_per_connection
+        destination.pacing.set_rate(limits.max_messages_per_minute)
+        fixed, old = self._fixed_for(key, limits), destination.limit
+        if fixed != (old.value if old.fixed else None):
+            if not old.fixed:
+                self._remembered[key] = old.value  # learned so far: kept for later
+            limit = LearnedLimit(self._rules, fixed=fixed, remembered=self._remembered.get(key))
+            limit.refusals, limit.last_refusal = old.refusals, old.last_refusal
+            destination.limit = limit
+        rule = "no rule" if index is None else self._book[index].describe()
+        log.info("destination %s: %s applies (limit %d)", _text(key), rule,
+                 destination.limit.value)  # fmt: skip
+        value = self._effective(destination, destination.limit.value)
+        self._run(key, destination, self._share(destination).set_limit(value))
+
     # ------------------------------------------------------------------ the line
     def ask(self, key: DestKey, tenant: str, ticket: int) -> None:
         destination = self._get(key)
+        if self._declined(key, destination, ticket):
+            return
         destination.asked[ticket] = self._clock()
-        self._run(key, destination, destination.share.ask(tenant, ticket))
+        self._run(key, destination, self._share(destination).ask(tenant, ticket))
 
     def retry(self, key: DestKey, tenant: str, ticket: int) -> None:
         """The idle connection a ``Take`` named was gone when it arrived: the ticket asks
         again, first of its tenant (that connection's end was reported with ``gone``)."""
         destination = self._get(key)
+        if self._declined(key, destination, ticket):
+            return
         destination.asked[ticket] = self._clock()
-        self._run(key, destination, destination.share.ask_again(tenant, ticket))
+        self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
 
     def cancel(self, key: DestKey, ticket: int) -> None:
         destination = self._get(key)
         if destination.asked.pop(ticket, None) is not None:
-            self._run(key, destination, destination.share.cancel(ticket))
+            self._run(key, destination, self._share(destination).cancel(ticket))
 
     def refused(self, key: DestKey, tenant: str, ticket: int, conn: int, capacity: bool) -> None:
         """The new connection ``conn`` of a grant was refused before use (it still counts
@@ -210,23 +237,23 @@ class LocalScheduler:
         established: it cannot be down): its limit is what is open; the ticket goes back
         in line, first. Otherwise: ``Failed``."""
         destination = self._get(key)
-        share = destination.share
         destination.up.discard(conn)
         destination.busy.discard(conn)
         others = len(destination.up)
         if not capacity and others <= 0:
-            self._run(key, destination, share.gone(tenant, was="busy"))
+            self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
             self.deliver(key, Failed(ticket))
             return
-        destination.refusals += 1
+        destination.tally.refusals += 1
         value = destination.limit.refused(others, self._clock())
         log.info("destination %s: refused with %d connections up; limit now %d",
                  _text(key), others, value)  # fmt: skip
         # the lower limit first: the slot freed next must not go to a dial over it
-        self._run(key, destination, share.set_limit(self._effective(destination, value)))
-        self._run(key, destination, share.gone(tenant, was="busy"))
+        effective = self._effective(destination, value)
+        self._run(key, destination, self._share(destination).set_limit(effective))
+        self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
         destination.asked[ticket] = self._clock()
-        self._run(key, destination, share.ask_again(tenant, ticket))
+        self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
 
     def up(self, key: DestKey, tenant: str, conn: int) -> None:
         self._get(key).up.add(conn)
@@ -236,7 +263,7 @@ class LocalScheduler:
         destination = self._get(key)
         destination.busy.discard(conn)
         destination.idle.setdefault(tenant, []).append(conn)
-        self._run(key, destination, destination.share.park(tenant))
+        self._run(key, destination, self._share(destination).park(tenant))
 
     def closing(self, key: DestKey, tenant: str, conn: int, idle: bool) -> None:
         destination = self._get(key)
@@ -263,7 +290,7 @@ class LocalScheduler:
             was = "busy"
         if not destination.idle.get(tenant, True):
             del destination.idle[tenant]
-        self._run(key, destination, destination.share.gone(tenant, was=was))
+        self._run(key, destination, self._share(destination).gone(tenant, was=was))
 
     def forget_worker(self, worker: int) -> None:
         """A worker stopped: its tickets and connections (closed with it) are gone,
@@ -272,7 +299,7 @@ class LocalScheduler:
         for key, destination in self._all.items():
             for name in [n for n in destination.share.tenants() if n.endswith(suffix)]:
                 destination.idle.pop(name, None)
-                self._run(key, destination, destination.share.leave(name))
+                self._run(key, destination, self._share(destination).leave(name))
             destination.asked = {
                 t: at for t, at in destination.asked.items() if worker_of(t) != worker
             }
@@ -286,18 +313,44 @@ class LocalScheduler:
         value = limit.accepted(share.in_use, self._clock())
         effective = self._effective(destination, value)
         if effective != share.limit and not limit.fixed:
-            self._run(key, destination, share.set_limit(effective))
+            self._run(key, destination, self._share(destination).set_limit(effective))
 
-    def deferred(self, key: DestKey, kind: str, limit: int | None, seconds: float) -> None:
+    def deferred(
+        self,
+        key: DestKey,
+        kind: str,
+        limit: int | None,
+        seconds: float,
+        rate: float | None = None,
+        suspend: float = 0.0,
+    ) -> None:
+        """A 4xx of class ``kind``; its rule may ask for fewer connections (``limit``) or
+        fewer messages a minute (``rate``) for ``seconds``, or a pause (``suspend``)."""
         destination = self._get(key)
-        destination.deferrals[kind] = destination.deferrals.get(kind, 0) + 1
-        if limit is None or seconds <= 0:
-            return
-        destination.cap, destination.cap_until = limit, self._clock() + seconds
-        log.warning("destination %s: %s deferral: at most %d connections for %.0f s",
-                    _text(key), kind, limit, seconds)  # fmt: skip
+        now = self._clock()
+        destination.tally.deferred(kind, now)
+        if seconds > 0 and limit is not None:
+            destination.cap, destination.cap_until = limit, now + seconds
+            log.warning("destination %s: %s deferral: at most %d connections for %.0f s",
+                        _text(key), kind, limit, seconds)  # fmt: skip
+        if seconds > 0 and rate is not None:
+            destination.pacing.slow(rate, now + seconds)
+            log.warning("destination %s: %s deferral: at most %g messages a minute for %.0f s",
+                        _text(key), kind, rate, seconds)  # fmt: skip
+        if suspend > 0:
+            destination.pacing.suspend(now + suspend)
+            destination.suspended_by = kind
+            log.warning("destination %s: %s deferral: no new transaction for %.0f s",
+                        _text(key), kind, suspend)  # fmt: skip
+            for ticket in list(destination.asked):  # what waits is told now, not at hold_max
+                del destination.asked[ticket]
+                self._run(key, destination, self._share(destination).cancel(ticket))
+                self._declined(key, destination, ticket)
         value = self._effective(destination, destination.limit.value)
-        self._run(key, destination, destination.share.set_limit(value))
+        self._run(key, destination, self._share(destination).set_limit(value))
+
+    def latency(self, key: DestKey, greeting: float | None, to_354: float | None) -> None:
+        self._get(key).tally.latency(greeting, to_354)
 
     def _effective(self, destination: _Destination, value: int) -> int:
         if destination.cap and self._clock() < destination.cap_until:
@@ -305,8 +358,57 @@ class LocalScheduler:
         destination.cap = 0
         return value
 
+    # ------------------------------------------------------------------ the pace
+    def _declined(self, key: DestKey, destination: _Destination, ticket: int) -> bool:
+        """While the destination is suspended a transaction does not wait: ``Declined``
+        (the tenant's 451 says why and for how long; the mail stays at its MSA)."""
+        left = destination.pacing.suspended_for(self._clock())
+        if left <= 0:
+            return False
+        destination.tally.declined += 1
+        kind = destination.suspended_by or "a"
+        text = (f"Error: {key[1]} is paused for {math.ceil(left)} s after its {kind} "
+                "deferral, try again later")  # fmt: skip
+        self.deliver(key, Declined(ticket, text))
+        return True
+
+    def _share(self, destination: _Destination) -> FairShare:
+        """The destination's fair share, told what its pace lets through now."""
+        share = destination.share
+        share.allowance = destination.pacing.allowance(self._clock())
+        return share
+
+    def _arm(self, key: DestKey, destination: _Destination) -> None:
+        """Transactions wait and the pace holds them: fill again when the next is due."""
+        if self._later is None or not destination.share.waiting():
+            return
+        now = self._clock()
+        due = destination.pacing.ready_at(now)
+        if due is None:
+            return
+        if destination.timer is not None:
+            if destination.timer_at <= due:
+                return  # an earlier one fires first (and arms the next)
+            destination.timer.cancel()
+        destination.timer_at = due
+        destination.timer = self._later(due - now + _TIMER_SLACK, partial(self._paced, key))
+
+    def _paced(self, key: DestKey) -> None:
+        destination = self._all.get(key)
+        if destination is not None:
+            destination.timer = None
+            self._run(key, destination, self._share(destination).refill())
+
+    def close(self) -> None:
+        """No more pacing timers (shutdown)."""
+        for destination in self._all.values():
+            if destination.timer is not None:
+                destination.timer.cancel()
+                destination.timer = None
+
     # ------------------------------------------------------------------ orders out
     def _run(self, key: DestKey, destination: _Destination, orders: list[Grant | Reclaim]) -> None:
+        now = self._clock()
         for order in orders:
             if isinstance(order, Reclaim):
                 conn = destination.idle[order.tenant].pop(0)  # the oldest
@@ -315,21 +417,18 @@ class LocalScheduler:
                 destination.closing.add(conn)
                 self.deliver(key, Close(order.tenant, conn))
                 continue
-            destination.grants += 1
+            destination.pacing.took(now)
             since = destination.asked.pop(order.ticket, None)
-            if since is not None:
-                waited = self._clock() - since
-                if waited > 0.001:
-                    destination.waited += 1
-                    destination.wait_seconds += waited
-            destination.peak_in_use = max(destination.peak_in_use, destination.share.in_use)
+            waited = None if since is None else now - since
+            destination.tally.granted(waited, destination.share.in_use)
             conn = 0
             if order.reuse:
                 conn = destination.idle[order.tenant].pop()  # the newest
                 if not destination.idle[order.tenant]:
                     del destination.idle[order.tenant]
                 destination.busy.add(conn)
-            self.deliver(key, Take(order.ticket, order.tenant, conn))
+            self.deliver(key, Take(order.ticket, order.tenant, conn, destination.per_connection))
+        self._arm(key, destination)
 
     # ------------------------------------------------------------------ what is shown
     def learned(self) -> dict[DestKey, int]:
@@ -338,6 +437,7 @@ class LocalScheduler:
         return out
 
     def views(self) -> list[dict[str, object]]:
+        now = self._clock()
         out: list[dict[str, object]] = []
         for key, d in self._all.items():
             tenants: dict[str, dict[str, int]] = {}
@@ -354,11 +454,10 @@ class LocalScheduler:
                 "in_use": d.share.in_use,
                 "waiting": d.share.waiting(),
                 "tenants": tenants,
-                "grants": d.grants,
-                "waited": d.waited,
-                "mean_wait_s": round(d.wait_seconds / d.waited, 3) if d.waited else 0,
-                "peak_in_use": d.peak_in_use,
-                "capacity_refusals": d.refusals,
-                "deferrals": dict(d.deferrals),
+                "rule": None if d.rule is None else self._book[d.rule].describe(),
+                "max_messages_per_connection": d.per_connection,
+                "max_messages_per_minute": d.pacing.per_minute(now),
+                "suspended_s": round(d.pacing.suspended_for(now), 1),
+                **d.tally.view(now),
             })  # fmt: skip
         return out

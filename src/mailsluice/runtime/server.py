@@ -115,6 +115,7 @@ class Proxy:
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
+        self._resolving: asyncio.Task[None] | None = None  # the host rules' names
 
     @property
     def port(self) -> int:
@@ -168,6 +169,9 @@ class Proxy:
         if destinations is not None and self._state_path is not None:
             self._state = StateFile(self._state_path, destinations.views, destinations.learned)
             self._state.start()
+        if destinations is not None and destinations.names.needed and not self.settings.shared_fair:
+            # (with several workers the broker resolves them, where the scheduler is)
+            self._resolving = self._group.create_task(destinations.names.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
 
@@ -190,6 +194,9 @@ class Proxy:
             self.services.pool.close()  # idle MX connections get their QUIT now
         if self.services.destinations is not None:
             self.services.destinations.close()  # and those kept for a tenant
+        if self._resolving is not None:
+            self._resolving.cancel()
+            self._resolving = None
         if self._state is not None:
             self._state.stop()
             self._state = None
@@ -277,8 +284,8 @@ def _run(settings: Settings) -> int:
 
     def broker() -> int:
         return run_broker(
-            address, fair.limits, lambda key: fair.fixed_limit(key[1]),
-            lambda tenant: weights.get(tenant, 1.0), state, settings.shutdown_grace,
+            address, fair.limits, fair.destinations, lambda tenant: weights.get(tenant, 1.0),
+            state, settings.shutdown_grace,
         )  # fmt: skip
 
     settings = replace(settings, state_file=None, shared_fair=True)

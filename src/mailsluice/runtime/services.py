@@ -112,11 +112,10 @@ class Services:
         self.destinations: Destinations | None = None
         if fair.enabled:
             self.destinations = Destinations(
-                rules=fair.limits, fixed=lambda key: fair.fixed_limit(key[1]),
-                weight=_weights(fair.weights()), idle_timeout=fair.idle_timeout,
-                max_age=fair.max_age,
+                rules=fair.limits, weight=_weights(fair.weights()),
+                idle_timeout=fair.idle_timeout, max_age=fair.max_age,
                 max_transactions=fair.max_transactions, forget_outbound=admission.outbound.discard,
-                remembered=remembered,
+                destinations=fair.destinations, remembered=remembered,
             )  # fmt: skip
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.tls_context = client_context()
