@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import TypeVar, cast
 
@@ -30,10 +29,11 @@ from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.runtime import errors
-from mailsluice.runtime.destinations import Destination, Hold, Idle
+from mailsluice.runtime.borrowing import Borrowing
 from mailsluice.runtime.dialer import plain_host
-from mailsluice.runtime.dialprobe import DialProbe, GreetingWatch, finish, observe
+from mailsluice.runtime.dialprobe import GreetingWatch
 from mailsluice.runtime.filterjob import FilterDriver
+from mailsluice.runtime.jobs import Jobs
 from mailsluice.runtime.linger import LingeringClose
 from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.services import ConnectionServices
@@ -43,7 +43,6 @@ __all__ = ["ClientProtocol", "ConnectionHandler"]
 
 log = logging.getLogger("mailsluice.connection")
 _In = TypeVar("_In")
-Job = Callable[[], Awaitable[None]]
 
 
 class ClientProtocol(Side):
@@ -64,48 +63,14 @@ class ClientProtocol(Side):
         return cast(ConnectionHandler, self._session)
 
 
-class _Jobs:
-    """The waits of one connection, done one at a time in the order they were asked."""
-
-    __slots__ = ("_loop", "_queue", "_stopped", "_wake")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: deque[Job] = deque()
-        self._wake: asyncio.Future[None] | None = None
-        self._stopped = False
-
-    def add(self, job: Job) -> None:
-        self._queue.append(job)
-        self._poke()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._poke()
-
-    async def next(self) -> Job | None:
-        """The next job; None once stopped."""
-        while not self._stopped:
-            if self._queue:
-                return self._queue.popleft()
-            self._wake = self._loop.create_future()
-            await self._wake
-        return None
-
-    def _poke(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-
 class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_destination",
-        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate", "_probe",
-        "_server_blocked", "_services", "_tenant", "_ticket", "_timeout", "_timer",
-        "_timer_on_server", "_write_deadline", "mx", "relay",
+        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_fair",
+        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate",
+        "_server_blocked", "_services", "_timeout", "_timer", "_timer_on_server",
+        "_write_deadline", "mx", "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
@@ -125,12 +90,9 @@ class ConnectionHandler:
         self._max_backlog = services.relay_config.max_pending_input
         self._lingering: LingeringClose | None = None  # a closed client, drained before close
         self._timer: asyncio.TimerHandle | None = None
-        self._jobs = _Jobs(self._loop)
+        self._jobs = Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
-        self._destination: Destination | None = None  # fair sharing: its share
-        self._tenant = ""  # fair sharing: whose share this connection's transactions use
-        self._ticket: int | None = None  # fair sharing: our place in line, while we wait
-        self._probe: DialProbe | None = None  # fair sharing: a new connection's latencies
+        self._fair: Borrowing | None = None  # fair sharing: its place in the line
         self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
@@ -158,9 +120,18 @@ class ConnectionHandler:
         cached = None
         if fair is not None and refusal is None:
             key = (settings.outbound_ip or "", plain_host(destination[0]), destination[1])
-            self._destination = fair.get(key)
-            self._tenant = services.tenant_of(peer[0])
-            cached = self._destination.memo
+            self._fair = Borrowing(
+                fair.get(key),
+                services.tenant_of(peer[0]),
+                tickets=fair,
+                mx=self.mx,
+                feed=self._feed,
+                feed_soon=self._feed_soon,
+                is_open=self._relay_open,
+                dial=self._dial,
+                deferral_rules=settings.fair.deferral_rules,
+            )
+            cached = self._fair.destination.memo
         reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
         self.relay = Relay(
             config=services.relay_config,
@@ -172,7 +143,7 @@ class ConnectionHandler:
             refusal=refusal,
             reused=reused,
             may_release=services.pool is not None,
-            borrowed=self._destination is not None,
+            borrowed=self._fair is not None,
             cached=cached,
             now=now,
         )
@@ -326,8 +297,8 @@ class ConnectionHandler:
             elif isinstance(action, act.Log):
                 record = action.record
                 self._services.log_writer.submit(record)
-                if self._destination is not None:
-                    self._probe = observe(self._destination, record, self._probe)
+                if self._fair is not None:
+                    self._fair.observe(record)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
                 self._arm(action.seconds)
@@ -337,7 +308,7 @@ class ConnectionHandler:
     def _perform_rare(self, action: act.Action) -> None:
         match action:
             case act.ConnectServer():
-                self._jobs.add(partial(self.mx.connect, self._relay_open))
+                self._dial()
             case act.StartServerTls():
                 if self.mx.transport is not None:
                     self.mx.transport.pause_reading()
@@ -364,28 +335,25 @@ class ConnectionHandler:
                 if self._filters is not None:
                     self._filters.drop()
             case act.ReleaseServer(state):
-                destination = self._destination
-                if destination is None:
+                if self._fair is None:
                     self.mx.release(state)
                 else:
-                    destination.memo = state  # greets the destination's next sessions
-                    entry = self.mx.idle_entry(state)
-                    if entry is not None:
-                        destination.release(entry)
+                    self._fair.release(state)
             case act.AcquireServer():
-                self._ask()
+                assert self._fair is not None, "only a borrowing relay asks for a slot"
+                self._fair.ask()
             case act.CancelAcquire():
-                ticket, self._ticket = self._ticket, None
-                if ticket is not None and self._destination is not None:
-                    self._destination.cancel(ticket)
+                if self._fair is not None:
+                    self._fair.cancel()
             case act.Requeue(reason, capacity):
                 self.mx.abort()
-                self._requeue(reason, capacity=capacity)
+                if self._fair is None:
+                    self._feed_soon(ev.ServerConnectFailed(reason))
+                else:
+                    self._fair.requeue(reason, capacity=capacity)
             case act.MxDeferred(code, text):
-                if self._destination is not None:
-                    self._destination.deferred(
-                        code, text, self._services.settings.fair.deferral_rules
-                    )
+                if self._fair is not None:
+                    self._fair.deferred(code, text)
             case act.TlsBroken():
                 self._services.tls_failed(format_address(self.destination), time.time())
             case _:
@@ -394,62 +362,16 @@ class ConnectionHandler:
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed
 
+    def _dial(self) -> None:
+        """Connect to the MX (a job: after what the relay asked before it)."""
+        self._jobs.add(partial(self.mx.connect, self._relay_open))
+
     def _mx_side(self) -> Side:
         """The MX transport's protocol (a new connection's notes its greeting's time)."""
-        probe = self._probe
+        probe = self._fair.probe if self._fair is not None else None
         if probe is not None and probe.greeting is None:
             return GreetingWatch(self, probe)
         return Side(self, client=False)
-
-    # ------------------------------------------------------------ fair sharing
-    def _ask(self) -> None:
-        """Late binding: in line for a slot of the destination (``_granted`` answers)."""
-        destination, fair = self._destination, self._services.destinations
-        assert destination is not None
-        assert fair is not None
-        self._ticket = fair.ticket()
-        destination.ask(self._tenant, self._ticket, self._granted, self._declined)
-
-    def _granted(self, entry: Idle | None, hold: Hold) -> None:
-        """A slot (on the loop's next turn): the tenant's idle connection, or a dial."""
-        self._ticket = None
-        destination = hold.destination
-        if not self._relay_open():  # we left meanwhile: the slot goes back
-            if entry is not None:
-                destination.release(entry)
-            else:
-                destination.lost(hold)
-            return
-        self._probe = None if entry is not None else DialProbe(time.time())
-        if entry is not None:
-            self._feed(ev.ServerReused(self.mx.adopt(entry)))
-            return
-        self.mx.hold = hold
-        self._feed(ev.ServerGranted())
-        self._jobs.add(partial(self.mx.connect, self._relay_open))
-
-    def _declined(self, text: str) -> None:
-        """No slot now (the destination is suspended): the relay answers 451 at once."""
-        self._ticket = None
-        if self._relay_open():
-            self._feed(ev.ServerDeclined(text))
-
-    def _requeue(self, reason: str, *, capacity: bool) -> None:
-        """The connection was refused before use: the scheduler puts the transaction back
-        in line if it was for capacity (``_granted`` later), else it fails."""
-        hold, destination, fair = self.mx.let_go(), self._destination, self._services.destinations
-        if hold is None or destination is None or fair is None:
-            self._feed_soon(ev.ServerConnectFailed(reason))
-            return
-        self._ticket = fair.ticket()
-        failed = partial(self._refusal_failed, ev.ServerConnectFailed(reason))
-        destination.refused(
-            hold, self._ticket, self._granted, failed, capacity=capacity, declined=self._declined
-        )
-
-    def _refusal_failed(self, event: ev.Event) -> None:
-        self._ticket = None
-        self._feed(event)
 
     def _feed_soon(self, event: ev.Event) -> None:
         """An event for the relay on the loop's next turn (never inside its own step)."""
@@ -534,12 +456,8 @@ class ConnectionHandler:
             self._timer = None
         self.mx.close()
         self._let_go()
-        ticket, self._ticket = self._ticket, None
-        if ticket is not None and self._destination is not None:
-            self._destination.cancel(ticket)
-        probe, self._probe = self._probe, None
-        if self._destination is not None:
-            finish(self._destination, probe)
+        if self._fair is not None:
+            self._fair.end()
         if self._client is not None:
             self._client.close()
             self._client = None
