@@ -135,7 +135,7 @@ def _run(received: list[Received], sent: dict[int, int], status: str = "ok") -> 
 
 
 def test_a_light_tenant_is_compared_with_its_median_time_alone() -> None:
-    args = argparse.Namespace(heavy=4, light=2, light_messages=2)
+    args = argparse.Namespace(heavy=4, light=2, light_messages=2, light_rate=0.0)
     assert [(b.tenant, b.count) for b in unequal.shared_plan(args).batches] == [
         (1, 4), (2, 2), (3, 2),
     ]  # fmt: skip
@@ -157,3 +157,15 @@ def test_a_light_tenant_is_compared_with_its_median_time_alone() -> None:
     assert (unmet["worst_ratio"], unmet["goal_met"], unmet["light_completion_max_s"]) == (
         None, None, None,
     )  # fmt: skip
+
+
+def test_paced_light_tenants_send_a_batch_a_second_from_their_start() -> None:
+    args = argparse.Namespace(heavy=50, light=2, light_messages=5, light_rate=2.0,
+                              light_start=3.0)  # fmt: skip
+    alone = [(b.at, b.tenant, b.count) for b in unequal.alone_plan(args, 2).batches]
+    assert alone == [(3.0, 2, 2), (4.0, 2, 2), (5.0, 2, 1)]
+    shared = unequal.shared_plan(args)
+    assert shared.batches[0] == unequal.Batch(0.0, 1, "mx1", 50)  # the heavy one, at once
+    assert shared.per_tenant() == {1: 50, 2: 5, 3: 5}
+    slow = argparse.Namespace(light_messages=2, light_rate=0.5, light_start=0.0)
+    assert [b.at for b in unequal.light_batches(slow, 2, "mx1")] == [0.0, 2.0]
