@@ -156,10 +156,6 @@ class Destination(RuleBasedStateMachine):
     def held(self, tenant: str) -> int:
         return self.busy[tenant] + self.idle[tenant] + self.closing[tenant]
 
-    def share_of(self, tenant: str) -> float:
-        """The share a waiting tenant's first ticket ranks at (per weight)."""
-        return (self.busy[tenant] + self.idle[tenant]) / self.weight(tenant)
-
     def weight(self, tenant: str) -> float:
         return 2.0 if tenant == "d" else 1.0
 
@@ -176,16 +172,18 @@ class Destination(RuleBasedStateMachine):
             # its own idle connection it may go ahead of those a closing slot will serve
             # (a tenant's k-th waiting ticket ranks as if the k before it had a slot)
             mine = (self.busy[tenant] + self.idle[tenant]) / self.weight(tenant)
-            less = []
+            less: list[tuple[str, float]] = []  # (tenant, the share its ticket ranks at)
             for other in set(self.waiting.values()) - {tenant}:
                 held = self.busy[other] + self.idle[other]
                 count = sum(1 for t in self.waiting.values() if t == other)
-                less += [other for k in range(count) if (held + k) / self.weight(other) < mine]
+                shares = [(held + k) / self.weight(other) for k in range(count)]
+                less += [(other, share) for share in shares if share < mine]
             if directive.reuse:
-                # ... or they hold one slot less than it would keep (the odd slot: moving
-                # it would not raise the least share, and it moves per quantum of service)
+                # ... or they would hold no more than it keeps (the odd slot: moving it
+                # would not raise the least share, and it moves per quantum of service),
+                # unless they hold nothing at all
                 after = (self.busy[tenant] + self.idle[tenant] - 1) / self.weight(tenant)
-                gain = [o for o in less if self.share_of(o) < after or not self.share_of(o)]
+                gain = [(o, share) for o, share in less if share < after or not share]
                 closing = sum(self.closing.values())
                 kept = sum(self.busy[t] + self.idle[t] for t in TENANTS)
                 assert len(gain) <= max(0, min(closing, self.limit - kept)), (
