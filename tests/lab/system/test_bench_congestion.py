@@ -63,6 +63,7 @@ def _check_outputs(out: Path, variants: list[str]) -> dict[str, object]:
 
 
 @pytest.mark.system
+@pytest.mark.slow  # 32 s; the simulated-MSA run below covers the scenario by default
 @pytest.mark.timeout(90)
 def test_tiny_congestion_through_mailsluice_and_postfix(tmp_path: Path) -> None:
     _require_root()

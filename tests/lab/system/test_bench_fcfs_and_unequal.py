@@ -26,7 +26,8 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.slow  # 45 s: the 421 back-offs of first come, first served
+@pytest.mark.timeout(120)
 def test_first_come_first_served_tenants_are_told_every_421_the_mx_sends(tmp_path: Path) -> None:
     _require_root_and_postfix()
     out = tmp_path / "out"
