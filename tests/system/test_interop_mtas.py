@@ -295,7 +295,7 @@ def test_exim_through_mailsluice_delivers_each_message_once(lab: InteropLab) -> 
             assert len(on_it & reused) == len(on_it) - 1, log
         # the MX's side
         if lab.keeps_connections:  # mailsluice carried sessions on MX connections it kept
-            assert 1 <= connections_single < len(single), log
+            assert 1 <= connections_single <= len(single), log  # (parallel runs: each its own)
             assert connections_reuse <= len(MX_LISTENERS), log
         else:
             assert connections_single == len(single), log
@@ -420,7 +420,9 @@ def test_postfix_through_mailsluice_delivers_each_message_once(lab: InteropLab) 
     # the MX's side (mailsluice may also carry sessions on a connection it kept)
     assert second.connections < len(reuse), second.log
     if lab.keeps_connections:
-        assert 1 <= first.connections < len(single), first.log
+        # kept for the tenant: never more than a connection per session, and fewer unless
+        # Postfix ran every delivery of an MX at once (it may: then each needs its own)
+        assert 1 <= first.connections <= len(single), first.log
     else:
         assert first.connections == len(single), first.log
         assert second.connections == len(MX_LISTENERS), second.log
