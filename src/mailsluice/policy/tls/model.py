@@ -62,6 +62,23 @@ class Tlsa:
     data: bytes
 
 
+class StsMode(StrEnum):
+    ENFORCE = "enforce"
+    TESTING = "testing"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class StsPolicy:
+    """An MTA-STS policy as fetched (RFC 8461 §3.2)."""
+
+    id: str  # the id of the _mta-sts TXT record it was fetched under
+    mode: StsMode
+    mx: tuple[str, ...]  # patterns: "mx.example.net", "*.example.net"
+    max_age: int  # seconds
+    text: tuple[str, ...] = ()  # its lines, for RFC 8460's policy-string
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     domain: str  # the recipient domain the policy is for
