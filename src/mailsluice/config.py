@@ -26,6 +26,8 @@ from mailsluice.plugins.settings import (
     parse_plugins,
 )
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
+from mailsluice.tlsconfig import CLIENT_KEYS, TlsConfigError, TlsSettings
+from mailsluice.tlsconfig import parse as parse_tls
 
 DEFAULT_LISTEN = "127.0.0.1:10025"
 #: in ``allow``: this host's own addresses, read from its interfaces at start
@@ -101,6 +103,8 @@ class Settings:
     # fair sharing of a destination between tenants: late binding, the waiting room,
     # learned limits ([fair_sharing], [[destinations]], [[tenants]], [[deferral_rules]])
     fair: FairSettings = field(default_factory=FairSettings)
+    # TLS on both legs: client_tls_*, [tls_policy], [[tls_policies]] (``tlsconfig``)
+    tls: TlsSettings = field(default_factory=TlsSettings)
     # the destinations' state (``mailsluice destinations``, learned limits kept across
     # restarts); None: ``destinations.json`` beside a file log, else not written
     state_file: str | None = None
@@ -245,7 +249,16 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
             top["fair"] = parse_fair(table, *(data.get(k) for k in fair_keys[1:]))
         except FairConfigError as exc:
             raise ConfigError(str(exc)) from None
+    tls_keys = (*CLIENT_KEYS, "tls_policy", "tls_policies")
+    if any(key in data for key in tls_keys):
+        client = {key: data[key] for key in CLIENT_KEYS if key in data}
+        try:
+            top["tls"] = parse_tls(client, data.get("tls_policy"), data.get("tls_policies"))
+        except TlsConfigError as exc:
+            raise ConfigError(str(exc)) from None
     for key, raw in data.items():
+        if key in tls_keys:
+            continue  # read above, together
         match key:
             case "fair_sharing" | "destinations" | "tenants" | "deferral_rules":
                 pass  # read above, together

@@ -11,6 +11,7 @@ answer, with the RFC 8460 result type that TLS reporting counts.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -121,3 +122,15 @@ class Verdict:
     result: Result
     reason: str  # for the log and the tenant's 4xx
     verified_name: str | None = None  # the name (or "dane-ee") that authenticated the MX
+
+
+@dataclass(frozen=True, slots=True)
+class TlsPolicyRule:
+    """One ``[[tls_policies]]`` rule: what it matches (exactly one kind) and its level."""
+
+    level: Level
+    domain: str | None = None  # recipient domain; a leading "." matches below it
+    host: str | None = None  # MX host name; a leading "." matches below it
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
+    names: tuple[str, ...] = ()  # names the certificate must match (verify/secure)
+    text: str = ""  # the match as written, for the log
