@@ -68,6 +68,16 @@ class TlsBroken:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckTlsPolicy:
+    """Does the MX connection meet ``domain``'s TLS policy? Answer ``TlsPolicyChecked``.
+
+    Asked at a transaction's first recipient in ``domain``, once the link is open (the
+    connection the recipient would go over is known); the recipient waits for it."""
+
+    domain: str
+
+
+@dataclass(frozen=True, slots=True)
 class SpoolData:
     """Filter mode: keep these message bytes (canonical, dot-stuffing already removed)."""
 
@@ -168,6 +178,7 @@ Action = (
     | SetTimer
     | Log
     | TlsBroken
+    | CheckTlsPolicy
     | SpoolData
     | RunFilters
     | SendSpooled

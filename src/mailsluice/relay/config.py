@@ -61,6 +61,9 @@ class RelayConfig:
     max_errors: int = 100  # local error replies before "421 too many errors"
     bare_newline: BareNewlinePolicy = BareNewlinePolicy.REJECT
     tls: TlsMode = TlsMode.OPPORTUNISTIC
+    # recipients wait for their domain's TLS policy check (``tlscheck``); set by the
+    # shell when a policy can require more than opportunistic TLS
+    tls_checks: bool = False
     log_headers: bool = False  # also log each message's header section (never the body)
     max_logged_headers: int = 16384  # bytes of header section kept for the log
     # Filter mode: the proxy answers DATA itself, takes the whole message, has the filters

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mailsluice.relay.actions import ReusedUpstream
+from mailsluice.smtp.replies import Reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,17 @@ class TlsFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsPolicyChecked:
+    """The answer to ``CheckTlsPolicy``: ``ok`` lets the recipient go to the MX;
+    otherwise ``reply`` (a 4xx) answers it. ``note`` is the decision, for the transcript."""
+
+    domain: str
+    ok: bool
+    reply: Reply | None
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
 class TimerExpired:
     """The deadline set by the last ``SetTimer`` passed."""
 
@@ -126,6 +138,7 @@ Event = (
     | ServerClosed
     | TlsStarted
     | TlsFailed
+    | TlsPolicyChecked
     | TimerExpired
     | ShutdownRequested
     | ShutdownForced

@@ -54,6 +54,7 @@ from mailsluice.relay.state import (
     Stage,
 )
 from mailsluice.relay.streaming import StreamingData
+from mailsluice.relay.tlscheck import PolicyChecks
 from mailsluice.relay.upgrade import TlsUpgrade
 from mailsluice.smtp import replies as rp
 from mailsluice.smtp.commands import Command, CommandError, looks_like_http, parse_command
@@ -77,8 +78,8 @@ class Relay:
     """The state machine of one relayed session; see the module docstring."""
 
     __slots__ = ("_cfg", "_client_desc", "_client_lines", "_data", "_host", "_lease",
-                 "_line_done", "_out", "_refusal", "_replies", "_server_lines", "_state",
-                 "_timer", "_upgrade")  # fmt: skip
+                 "_line_done", "_out", "_policy", "_refusal", "_replies", "_server_lines",
+                 "_state", "_timer", "_upgrade")  # fmt: skip
 
     def __init__(
         self,
@@ -123,6 +124,7 @@ class Relay:
             state, out, self, allowed=tls_allowed, size_limit=config.message_size_limit,
             hostname=config.hostname, remember=self._lease.remember_hello,
         )  # fmt: skip
+        self._policy = PolicyChecks(state, out, self, enabled=config.tls_checks)
         intake = BodyIntake(config, out)
         self._data: DataPhase = (
             FilteredData(state, out, self, intake, config)
@@ -218,6 +220,8 @@ class Relay:
                 self._upgrade.started(version, cipher, verified)
             case ev.TlsFailed(reason):
                 self._upgrade.broken(f"TLS handshake failed: {reason}")
+            case ev.TlsPolicyChecked(domain, ok, reply, note):
+                self._policy.checked(domain, ok, reply, note)
             case ev.TimerExpired():
                 self._timer = None  # the shell's timer has fired: any timer is new
                 self._timer_expired()
@@ -245,6 +249,7 @@ class Relay:
         """After every event: read the client's next commands, then say which timer runs."""
         state = self._state
         if state.stage is Stage.COMMANDS:
+            self._policy.ask()
             self._pump_client()
             self._lease.after_reply()
         if state.input is Input.ENDED:
@@ -353,6 +358,7 @@ class Relay:
         params = tuple(k if v is None else f"{k}={v.decode('ascii', 'replace')}"
                        for k, v in command.params)  # fmt: skip
         out.account.start_transaction(command.address or b"", out.now, params)
+        self._policy.new_transaction()
         self.forward(command, Slot(Owed.MAIL, command=command), Await.MAIL)
 
     def _rcpt(self, command: Command) -> None:
@@ -363,7 +369,8 @@ class Relay:
             self.local(Reply.make(452, "4.5.3", "Error: too many recipients"))
             return
         account.add_recipient(command.address or b"")
-        self.forward(command, Slot(Owed.RCPT, command=command), Await.RCPT)
+        if not self._policy.rcpt(command):
+            self.forward(command, Slot(Owed.RCPT, command=command), Await.RCPT)
 
     def _quit(self, command: Command) -> None:
         if self._lease.quit(command):

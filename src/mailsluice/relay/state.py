@@ -173,11 +173,20 @@ class Sent:
     timeout: float | None = None  # seconds the MX has to answer (the relay works it out)
 
 
+@dataclass(slots=True)
+class PolicyCheck:
+    """A recipient waiting for its domain's TLS policy check (``tlscheck``)."""
+
+    slot: Slot  # the RCPT's reply, owed as a barrier: nothing more is read meanwhile
+    domain: str
+    asked: bool = False  # CheckTlsPolicy is out (it waits for the link to be open)
+
+
 class RelayState:
     """The relay's state (see the module docstring); every move is checked."""
 
     __slots__ = ("awaiting", "draining", "errors", "held", "input", "link", "message",
-                 "mx_heard_at", "owed", "stage")  # fmt: skip
+                 "mx_heard_at", "owed", "policy_check", "policy_passed", "stage")  # fmt: skip
 
     def __init__(self) -> None:
         self.stage = Stage.OPENING
@@ -191,6 +200,10 @@ class RelayState:
         self.held: deque[tuple[Command, Sent]] = deque()
         self.errors = 0  # local error replies so far
         self.mx_heard_at = 0.0  # the last exchange with the MX (filter mode's keepalive clock)
+        # TLS policy: the recipient waiting for its domain's check, and the domains whose
+        # policy this transaction's connection met (cleared at each MAIL)
+        self.policy_check: PolicyCheck | None = None
+        self.policy_passed: set[str] = set()
 
     # ------------------------------------------------------------- transitions
     def enter(self, stage: Stage) -> None:
