@@ -93,6 +93,7 @@ def new_relay(
     *,
     refusal: Reply | None = None,
     tls_allowed: bool = True,
+    tls_required: bool = False,
     reused: act.ReusedUpstream | None = None,
     may_release: bool = False,
 ) -> Relay:
@@ -103,6 +104,7 @@ def new_relay(
         destination=DESTINATION,
         source_ip=SOURCE_IP,
         tls_allowed=tls_allowed,
+        tls_required=tls_required,
         refusal=refusal,
         reused=reused,
         may_release=may_release,

@@ -13,7 +13,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.playbook import START, Playbook, c, notes, s, to_c, to_s
-from tests.unit.relay_wire import BODY, DATA, EHLO, EHLO_REPLY, GREETING, MAIL, RCPT, opened
+from tests.unit.relay_wire import (
+    BODY,
+    DATA,
+    EHLO,
+    EHLO_REPLY,
+    EHLO_TLS,
+    GREETING,
+    MAIL,
+    RCPT,
+    greeted,
+    opened,
+)
 from tests.unit.test_relay_borrowed import MEMO, REUSED
 
 from mailsluice.relay import actions as act
@@ -78,7 +89,8 @@ def test_a_refused_check_answers_the_recipient_and_nothing_reaches_the_mx() -> N
     )
     assert book
     sent = b"".join(a.data for a in book.seen if isinstance(a, act.SendToServer))
-    assert b"RCPT" not in sent and BODY not in sent
+    assert b"RCPT" not in sent
+    assert BODY not in sent
 
 
 def test_one_check_per_domain_per_transaction_and_again_in_the_next() -> None:
@@ -162,6 +174,54 @@ def test_the_mx_leaving_while_the_check_is_out_ends_the_session_with_4xx() -> No
     )
     assert book
     assert book >> passed()  # too late: nothing happens
+
+
+NO_PLAINTEXT = (
+    b"421 4.7.5 mailsluice Error: TLS is required toward this destination (%s), try again later\r\n"
+)
+
+
+def test_a_destination_that_requires_tls_gets_no_plaintext_when_starttls_is_missing() -> None:
+    book = (
+        greeted(tls_required=True, tls_allowed=False)  # required wins over the TLS memory
+        >> c(EHLO + MAIL + RCPT)
+        << to_s(EHLO)
+        >> s(EHLO_REPLY)
+        << to_c(NO_PLAINTEXT % b"the MX did not offer STARTTLS")
+        << act.CloseServer()
+        << act.CloseClient(linger=True)
+    )
+    assert book
+    sent = b"".join(a.data for a in book.seen if isinstance(a, act.SendToServer))
+    assert b"MAIL" not in sent
+
+
+def test_a_refused_starttls_is_no_plaintext_either_when_tls_is_required() -> None:
+    book = (
+        greeted(tls_required=True)
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(EHLO_TLS)
+        << to_s(b"STARTTLS\r\n")
+        >> s(b"454 4.7.0 TLS not available due to local problem\r\n")
+        << to_c(NO_PLAINTEXT % b"the MX refused STARTTLS: 454")
+        << act.CloseServer()
+        << act.CloseClient(linger=True)
+    )
+    assert book
+
+
+def test_a_destination_that_requires_tls_starts_it_as_usual() -> None:
+    book = (
+        greeted(tls_required=True, tls_allowed=False)
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(EHLO_TLS)
+        << to_s(b"STARTTLS\r\n")
+        >> s(b"220 2.0.0 Ready to start TLS\r\n")
+        << act.StartServerTls()
+    )
+    assert book
 
 
 @given(st.binary(max_size=60))

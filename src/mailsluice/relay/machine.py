@@ -90,6 +90,7 @@ class Relay:
         destination: str,
         source_ip: str | None = None,
         tls_allowed: bool = True,
+        tls_required: bool = False,
         refusal: Reply | None = None,
         reused: act.ReusedUpstream | None = None,
         may_release: bool = False,
@@ -121,8 +122,9 @@ class Relay:
             )
         )  # fmt: skip
         self._upgrade = TlsUpgrade(
-            state, out, self, allowed=tls_allowed, size_limit=config.message_size_limit,
-            hostname=config.hostname, remember=self._lease.remember_hello,
+            state, out, self, allowed=tls_allowed or tls_required, required=tls_required,
+            size_limit=config.message_size_limit, hostname=config.hostname,
+            remember=self._lease.remember_hello,
         )  # fmt: skip
         self._policy = PolicyChecks(state, out, self, enabled=config.tls_checks)
         intake = BodyIntake(config, out)

@@ -7,6 +7,10 @@ shell to upgrade (``StartServerTls``), re-sends the client's EHLO over TLS and a
 the client with the post-TLS capability list, edited for it (``smtp.ehlo``). A refused
 STARTTLS falls back to the plaintext list; a failed handshake ends the session with
 ``421 4.7.5`` and has the shell remember that TLS to this destination is broken.
+
+When the destination is known to require TLS (``required``: an operator's rule for its
+address, or a policy learned for it), there is no plaintext: an MX that does not offer
+STARTTLS, or refuses it, ends the session with ``421 4.7.5`` before any MAIL is sent.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ HelloMemo = Callable[[Slot | None, Reply], None]  # keeps what the client was to
 class TlsUpgrade:
     """EHLO replies, STARTTLS and the handshake's outcome."""
 
-    __slots__ = ("_allowed", "_host", "_out", "_relay", "_remember", "_size_limit", "_state")
+    __slots__ = ("_allowed", "_host", "_out", "_relay", "_remember", "_required", "_size_limit",
+                 "_state")  # fmt: skip
 
     def __init__(
         self,
@@ -37,6 +42,7 @@ class TlsUpgrade:
         relay: Conductor,
         *,
         allowed: bool,
+        required: bool = False,
         size_limit: int,
         hostname: str,
         remember: HelloMemo,
@@ -45,6 +51,7 @@ class TlsUpgrade:
         self._out = out
         self._relay = relay
         self._allowed = allowed
+        self._required = required
         self._size_limit = size_limit
         self._host = hostname
         self._remember = remember
@@ -67,6 +74,11 @@ class TlsUpgrade:
             self._state.awaiting.appendleft(starttls)
             self._out.ours_to_server(b"STARTTLS")
             return
+        if first and self._required and reply.is_positive:
+            self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+            why = "the MX did not offer STARTTLS" if is_ehlo else "HELO allows no STARTTLS"
+            self._refuse_plaintext(why)
+            return
         self._answer(slot, command, reply)
 
     def starttls_reply(self, sent: Sent, reply: Reply, *, clean_cut: bool) -> None:
@@ -74,6 +86,9 @@ class TlsUpgrade:
         self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
         slot, fallback = sent.slot, sent.fallback
         assert fallback is not None
+        if reply.code != 220 and self._required:
+            self._refuse_plaintext(f"the MX refused STARTTLS: {reply.code}")
+            return
         if reply.code != 220:
             self._out.note("MX refused STARTTLS; continuing in plaintext")
             self._answer(slot, slot.command if slot is not None else sent.command, fallback)
@@ -103,6 +118,10 @@ class TlsUpgrade:
         self._out.note(note)
         self._out.add(act.TlsBroken())
         self._relay.fail(rp.tls_failed(self._host), "tls-failed")
+
+    def _refuse_plaintext(self, why: str) -> None:
+        self._out.note(f"TLS required toward this destination, {why}: no plaintext")
+        self._relay.fail(rp.tls_required(self._host, why), "tls-required")
 
     def injection(self) -> None:
         self._out.note("STARTTLS response injection: bytes after the MX's 220 before the handshake")

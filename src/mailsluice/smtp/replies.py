@@ -146,6 +146,15 @@ def tls_failed(hostname: str) -> Reply:
     )
 
 
+def tls_required(hostname: str, why: str) -> Reply:
+    """The destination's TLS policy requires TLS and the MX did not give it."""
+    return Reply.make(
+        421,
+        "4.7.5",
+        f"{hostname} Error: TLS is required toward this destination ({why}), try again later",
+    )
+
+
 def internal_error(hostname: str) -> Reply:
     return Reply.make(421, "4.3.0", f"{hostname} Error: internal error, try again later")
 
