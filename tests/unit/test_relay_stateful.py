@@ -94,8 +94,11 @@ class RelayMachine(RuleBasedStateMachine):
         limit=st.sampled_from([0, 400, 100_000]),
         max_errors=st.sampled_from([50, 3]),
         opening=st.sampled_from(["greeted", "greeted", "greeted", "dialling"]),
+        checks=st.booleans(),
     )
-    def start(self, normalize: bool, tls: bool, limit: int, max_errors: int, opening: str) -> None:
+    def start(
+        self, normalize: bool, tls: bool, limit: int, max_errors: int, opening: str, checks: bool
+    ) -> None:
         policy = BareNewlinePolicy.NORMALIZE if normalize else BareNewlinePolicy.REJECT
         self.config = RelayConfig(
             bare_newline=policy,
@@ -103,7 +106,9 @@ class RelayMachine(RuleBasedStateMachine):
             max_command_line=256,
             max_errors=max_errors,
             max_recipients=3,
+            tls_checks=checks,
         )
+        self.checks: list[str] = []  # CheckTlsPolicy asked, not answered yet
         self.relay = Relay(
             config=self.config,
             session_id="s",
@@ -151,6 +156,9 @@ class RelayMachine(RuleBasedStateMachine):
                         self.session_closed += 1
                 case act.TlsBroken():
                     pass
+                case act.CheckTlsPolicy(domain):
+                    assert not self.checks, "a second check while one is out"
+                    self.checks.append(domain)
         if self.mx_tls == "expect":  # the 220 did not lead to a handshake (injection)
             assert self.relay.closed
         assert self.relay.closed == (self.close_client == 1)
@@ -375,6 +383,13 @@ class RelayMachine(RuleBasedStateMachine):
         self.mx_tls = ""
         self.step(ev.TlsStarted("TLSv1.3", "X", True) if ok else ev.TlsFailed("bad"))
 
+    @precondition(lambda self: self.open() and bool(self.checks))
+    @rule(ok=st.sampled_from([True, True, False]))
+    def policy_answer(self, ok: bool) -> None:
+        domain = self.checks.pop()
+        refusal = Reply.make(451, "4.7.5", "TLS policy not met")
+        self.step(ev.TlsPolicyChecked(domain, ok, None if ok else refusal, "checked"))
+
     # ------------------------------------------------------------ faults
     @precondition(lambda self: self.open())
     @rule(
@@ -481,7 +496,9 @@ class RelayMachine(RuleBasedStateMachine):
     @invariant()
     def nothing_is_left_hanging(self) -> None:
         """Once the MX has answered everything it got, every client line has its reply."""
-        quiet_mx = not self.unanswered and not self.mx_in_body and self.mx_tls == ""
+        quiet_mx = (
+            not self.unanswered and not self.mx_in_body and self.mx_tls == "" and not self.checks
+        )
         if self.open() and self.greeted and not self.mx_closed and quiet_mx:
             assert not self.owed, f"the client still waits for {list(self.owed)}"
 
