@@ -4,6 +4,7 @@ lookup under a signed MX defers, the operator's rules win, MTA-STS when no DANE.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from tests.support.dnsserver import DnsServer
 from tests.support.tlschains import NOW_TS, chain_of, facts, issue, tlsa
 
 from mailsluice.policy.tls.check import check
+from mailsluice.policy.tls.decide import MxView
 from mailsluice.policy.tls.model import (
     Level,
     Result,
@@ -226,6 +228,60 @@ async def test_a_domain_without_mx_is_its_own_mx_host(zone: DnsServer) -> None:
     zone.add("plain.example", "A", "127.0.0.30")
     policy = await service(zone).policy_for("plain.example", "127.0.0.30", NOW_TS)
     assert policy.mx_host == "plain.example"
+
+
+async def test_an_ipv6_destination_is_looked_up_in_aaaa_records(zone: DnsServer) -> None:
+    zone.add("backup.example.org", "AAAA", "2001:db8::26")
+    policy = await service(zone).policy_for(DOMAIN, "[2001:db8::26]", NOW_TS)
+    assert policy.mx_host == "backup.example.org"
+    assert zone.asked(MX, "AAAA") == 1
+
+
+async def test_a_null_mx_has_no_host(zone: DnsServer) -> None:
+    zone.add("nomail.example", "MX", "0 .")
+    policy = await service(zone).policy_for("nomail.example", IP, NOW_TS)
+    assert policy.mx_host is None
+
+
+class BrokenDns(TlsDns):
+    async def mx_view(self, domain: str, mx_ip: str, now: float) -> MxView:
+        raise RuntimeError("a bug")
+
+
+async def test_a_fault_of_the_lookup_defers_rather_than_skipping_the_policy() -> None:
+    tls = TlsSettings(resolver="127.0.0.1:9")
+    svc = TlsPolicyService(tls, dns=BrokenDns(tls.resolver, tls.trust_ad))
+    policy = await svc.policy_for(DOMAIN, IP, NOW_TS)
+    assert policy.defer is Result.VALIDATION_FAILURE
+    assert "RuntimeError" in policy.defer_reason
+    assert not check(policy, facts(()), None, NOW_TS).ok
+
+
+def test_a_resolver_that_is_no_address_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"tls_policy\.resolver: expected an IP address"):
+        TlsDns("resolver.example:53", trust_ad=True)
+
+
+async def test_sessions_asking_at_once_share_one_lookup(zone: DnsServer) -> None:
+    svc = service(zone)
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(svc.policy_for(DOMAIN, IP, NOW_TS)) for _ in range(5)]
+    assert {task.result().mx_host for task in tasks} == {MX}
+    assert zone.asked(DOMAIN, "MX") == 1
+
+
+async def test_a_cancelled_finder_leaves_the_others_to_find_it(zone: DnsServer) -> None:
+    zone.silent.add(DOMAIN)
+    svc = service(zone, timeout=0.5)
+    async with asyncio.TaskGroup() as group:
+        first = group.create_task(svc.policy_for(DOMAIN, IP, NOW_TS))
+        await asyncio.sleep(0.05)  # the first is waiting for DNS
+        second = group.create_task(svc.policy_for(DOMAIN, IP, NOW_TS))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        zone.silent.clear()
+    assert first.cancelled()
+    assert second.result().mx_host == MX
 
 
 def test_the_test_server_answers_over_tcp_too(zone: DnsServer) -> None:

@@ -117,7 +117,13 @@ class TlsDns:
                 self._resolver = dns.asyncresolver.Resolver(configure=False)
                 self._broken = f"no resolver configured ({error})"
         else:
-            host, port = parse_resolver(resolver)
+            try:
+                host, port = parse_resolver(resolver)
+            except ValueError as error:
+                raise ValueError(
+                    "tls_policy.resolver: expected an IP address and an optional port, "
+                    f'e.g. "127.0.0.1:53" or "[::1]:53", not {resolver!r} ({error})'
+                ) from error
             self._resolver = dns.asyncresolver.Resolver(configure=False)
             self._resolver.nameservers = [host]
             self._resolver.port = port

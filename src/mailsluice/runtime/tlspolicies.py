@@ -15,6 +15,7 @@ The MTA-STS side is a ``StsSource`` (``NoSts`` when MTA-STS is off or not wired)
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from typing import Protocol, TypeVar
 
@@ -83,16 +84,40 @@ class TlsPolicyService:
         self._policies: OrderedDict[tuple[str, str], tuple[float, Policy]] = OrderedDict()
         self._names: OrderedDict[str, str] = OrderedDict()
         self._needs_tls: OrderedDict[str, dict[str, bool]] = OrderedDict()
+        self._pending: dict[tuple[str, str], asyncio.Future[Policy | None]] = {}
 
     async def policy_for(self, domain: str, mx_ip: str, now: float) -> Policy:
         """The policy of the recipient ``domain`` at the MX address ``mx_ip``. Never
         raises: a fault of the lookup itself is a policy that defers (4xx)."""
         domain = domain.strip().lower().rstrip(".")
         key = (domain, mx_ip)
-        cached = self._policies.get(key)
-        if cached is not None and cached[0] > now:
-            self._policies.move_to_end(key)
-            return cached[1]
+        while True:
+            cached = self._policies.get(key)
+            if cached is not None and cached[0] > now:
+                self._policies.move_to_end(key)
+                return cached[1]
+            pending = self._pending.get(key)
+            if pending is None:
+                break
+            # another session is finding this policy: wait for its answer (our own
+            # cancellation stays ours: shield); None: it was abandoned, find it ourselves
+            shared = await asyncio.shield(pending)
+            if shared is not None:
+                return shared
+        future: asyncio.Future[Policy | None] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            policy = await self._find_or_defer(domain, mx_ip, now)
+        except BaseException:  # cancelled: the others waiting find it themselves
+            del self._pending[key]
+            future.set_result(None)
+            raise
+        del self._pending[key]
+        future.set_result(policy)
+        return policy
+
+    async def _find_or_defer(self, domain: str, mx_ip: str, now: float) -> Policy:
+        key = (domain, mx_ip)
         try:
             policy = await self._find(domain, mx_ip, now)
         except Exception as error:  # a bug or an odd answer: defer, never skip the policy
