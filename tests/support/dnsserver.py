@@ -41,13 +41,8 @@ class DnsServer:
         self.servfail: set[str] = set()
         self.silent: set[str] = set()
         self.queries: list[tuple[str, str]] = []
-        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._udp.bind((host, 0))
+        self._udp, self._tcp = _bind_pair(host)
         self.port: int = self._udp.getsockname()[1]
-        self._tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._tcp.bind((host, self.port))  # the same port number, as a DNS server has
-        self._tcp.listen(16)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="test-dns", daemon=True)
 
@@ -124,10 +119,13 @@ class DnsServer:
             ready, _, _ = select.select([self._udp, self._tcp], [], [], 0.05)
             for sock in ready:
                 if sock is self._udp:
-                    wire, peer = self._udp.recvfrom(65535)
-                    reply = self.answer(wire)
-                    if reply is not None:
-                        self._udp.sendto(reply, peer)
+                    try:
+                        wire, peer = self._udp.recvfrom(65535)
+                        reply = self.answer(wire)
+                        if reply is not None:
+                            self._udp.sendto(reply, peer)
+                    except OSError:
+                        continue
                 else:
                     self._serve_tcp()
 
@@ -143,6 +141,25 @@ class DnsServer:
                     conn.sendall(struct.pack("!H", len(reply)) + reply)
             except (OSError, ValueError):
                 return
+
+
+def _bind_pair(host: str) -> tuple[socket.socket, socket.socket]:
+    """A UDP and a TCP socket on the same free port (a few tries: the TCP port of a free
+    UDP port may be taken)."""
+    for _ in range(20):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind((host, 0))
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            tcp.bind((host, udp.getsockname()[1]))
+        except OSError:
+            udp.close()
+            tcp.close()
+            continue
+        tcp.listen(16)
+        return udp, tcp
+    raise OSError("no free port for both UDP and TCP")
 
 
 def _read_exactly(conn: socket.socket, size: int) -> bytes:
