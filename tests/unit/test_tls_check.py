@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.support.tlschains import NOW_TS, ca_cert, chain_of, facts, issue, store, tlsa
 
 from mailsluice.policy.tls.certs import name_matches_cert, wildcard_matches
-from mailsluice.policy.tls.check import check
+from mailsluice.policy.tls.check import REASON_CAP, check
 from mailsluice.policy.tls.model import Level, Policy, Result, Source, TlsFacts
 
 pytestmark = pytest.mark.unit
@@ -203,3 +203,14 @@ def test_dane_uses_the_tlsa_records(ca: trustme.CA) -> None:
     assert refused.result is Result.VALIDATION_FAILURE  # the root is not in the chain
     presented = facts((*chain, ca_cert(ca)))
     assert check(ta, presented, None, NOW_TS).verified_name == MX
+
+
+def test_a_reason_is_printable_ascii_of_bounded_length(ca: trustme.CA) -> None:
+    seen = facts(chain_of(issue(ca, "mx.other.net")))
+    odd = policy(Level.VERIFY, mx_host="mx\r\n250 ok.example.org" + ".x" * 300)
+    verdict = check(odd, seen, store(ca), NOW_TS)
+    assert verdict.result is Result.CERTIFICATE_HOST_MISMATCH
+    assert "\r" not in verdict.reason
+    assert "\n" not in verdict.reason
+    assert len(verdict.reason) <= REASON_CAP
+    assert verdict.reason.endswith("...")

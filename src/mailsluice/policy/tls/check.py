@@ -40,7 +40,9 @@ from mailsluice.policy.tls.certs import (
 from mailsluice.policy.tls.dane import verify_dane
 from mailsluice.policy.tls.model import Level, Policy, Result, Source, TlsFacts, Verdict
 
-__all__ = ["check", "reference_names"]
+__all__ = ["REASON_CAP", "check", "reference_names"]
+
+REASON_CAP = 400  # characters of a verdict's reason
 
 
 def check(policy: Policy, facts: TlsFacts, anchors: xv.Store | None, now: float) -> Verdict:
@@ -48,8 +50,10 @@ def check(policy: Policy, facts: TlsFacts, anchors: xv.Store | None, now: float)
     ``anchors``: the trust store for ``verify``/``secure``/MTA-STS (None: none loaded)."""
     verdict = _judge(policy, facts, anchors, now)
     if policy.testing and not verdict.ok:
-        return replace(verdict, ok=True, reason=f"{verdict.reason} (MTA-STS testing: not enforced)")
-    return verdict
+        verdict = replace(
+            verdict, ok=True, reason=f"{verdict.reason} (MTA-STS testing: not enforced)"
+        )
+    return replace(verdict, reason=_printable(verdict.reason))
 
 
 def reference_names(policy: Policy) -> tuple[str, ...]:
@@ -136,6 +140,13 @@ def _pkix(
     return Verdict(
         True, Result.SUCCESS, f"{_what(policy)}: certificate for {matched} verified", matched
     )
+
+
+def _printable(text: str) -> str:
+    """The reason as a reply line can carry it: printable ASCII (names from a certificate
+    or the DNS may hold anything), at most ``REASON_CAP`` characters."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean if len(clean) <= REASON_CAP else clean[: REASON_CAP - 3] + "..."
 
 
 def _what(policy: Policy) -> str:
