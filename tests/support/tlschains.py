@@ -7,7 +7,7 @@ import hashlib
 
 import trustme
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import verification as xv
 
 from mailsluice.policy.tls.model import Tlsa, TlsFacts
@@ -57,3 +57,29 @@ def tlsa(usage: int, selector: int, mtype: int, cert: x509.Certificate) -> Tlsa:
         )
     data = {0: selected, 1: hashlib.sha256(selected).digest(), 2: hashlib.sha512(selected).digest()}
     return Tlsa(usage, selector, mtype, data[mtype])
+
+
+def reissue_ca(child: trustme.CA, parent: trustme.CA, *, days: int, ago: int) -> x509.Certificate:
+    """``child``'s CA certificate signed again by ``parent``, valid from ``ago`` days
+    before NOW for ``days`` days (an expired intermediate, or a cross-signed one)."""
+    cert = ca_cert(child)
+    key = serialization.load_pem_private_key(parent.private_key_pem.bytes(), password=None)
+    start = NOW - dt.timedelta(days=ago)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(cert.subject)
+        .issuer_name(ca_cert(parent).subject)
+        .public_key(cert.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+    )
+    for extension in cert.extensions:
+        if extension.oid != x509.oid.ExtensionOID.AUTHORITY_KEY_IDENTIFIER:
+            builder = builder.add_extension(extension.value, extension.critical)
+    issuer_ski = ca_cert(parent).extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+    builder = builder.add_extension(
+        x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski.value),
+        critical=False,
+    )
+    return builder.sign(key, hashes.SHA256())  # type: ignore[arg-type]

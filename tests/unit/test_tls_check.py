@@ -7,7 +7,16 @@ import pytest
 import trustme
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.support.tlschains import NOW_TS, ca_cert, chain_of, facts, issue, store, tlsa
+from tests.support.tlschains import (
+    NOW_TS,
+    ca_cert,
+    chain_of,
+    facts,
+    issue,
+    reissue_ca,
+    store,
+    tlsa,
+)
 
 from mailsluice.policy.tls.certs import name_matches_cert, wildcard_matches
 from mailsluice.policy.tls.check import REASON_CAP, check
@@ -214,3 +223,21 @@ def test_a_reason_is_printable_ascii_of_bounded_length(ca: trustme.CA) -> None:
     assert "\n" not in verdict.reason
     assert len(verdict.reason) <= REASON_CAP
     assert verdict.reason.endswith("...")
+
+
+def test_verify_ignores_an_expired_certificate_it_does_not_need(ca: trustme.CA) -> None:
+    """Servers still send expired cross-signed roots; a valid path needs none of them."""
+    child = ca.create_child_ca()
+    chain = chain_of(issue(child, MX))
+    old_cross = reissue_ca(child, trustme.CA(), days=10, ago=400)
+    verdict = check(policy(Level.VERIFY), facts((*chain, old_cross)), store(ca), NOW_TS)
+    assert verdict.ok, verdict.reason
+
+
+def test_verify_with_an_expired_intermediate_on_the_only_path(ca: trustme.CA) -> None:
+    child = ca.create_child_ca()
+    leaf = chain_of(issue(child, MX))[0]
+    stale = reissue_ca(child, ca, days=10, ago=20)
+    verdict = check(policy(Level.VERIFY), facts((leaf, stale)), store(ca), NOW_TS)
+    assert verdict.result is Result.CERTIFICATE_EXPIRED
+    assert "chain certificate 1" in verdict.reason

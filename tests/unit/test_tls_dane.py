@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 import trustme
-from tests.support.tlschains import NOW, ca_cert, chain_of, issue, tlsa
+from tests.support.tlschains import NOW, ca_cert, chain_of, issue, reissue_ca, tlsa
 
 from mailsluice.policy.tls.dane import presentation, record_matches, usable, verify_dane
 from mailsluice.policy.tls.model import Result, Tlsa
@@ -192,3 +192,25 @@ def test_a_later_usable_record_still_matches(leaf: trustme.LeafCert) -> None:
     chain = chain_of(leaf)
     records = [Tlsa(3, 1, 1, b"\x00" * 32), tlsa(3, 1, 1, chain[0])]
     assert verify_dane(records, chain, [MX], NOW)[0].ok
+
+
+def test_dane_ta_with_the_chain_presented_out_of_order_and_extra_certificates(
+    root: trustme.CA, intermediate: trustme.CA, leaf: trustme.LeafCert
+) -> None:
+    chain = chain_of(leaf)
+    unrelated = ca_cert(trustme.CA())
+    presented = (chain[0], ca_cert(root), unrelated, chain[1])
+    for anchor in (ca_cert(intermediate), ca_cert(root)):
+        outcome, name = verify_dane([tlsa(2, 1, 1, anchor)], presented, [MX], NOW)
+        assert outcome.ok, outcome.reason
+        assert name == MX
+
+
+def test_dane_ta_with_an_expired_intermediate_below_the_anchor(
+    root: trustme.CA, intermediate: trustme.CA, leaf: trustme.LeafCert
+) -> None:
+    stale = reissue_ca(intermediate, root, days=10, ago=20)
+    presented = (chain_of(leaf)[0], stale, ca_cert(root))
+    outcome, _ = verify_dane([tlsa(2, 0, 1, ca_cert(root))], presented, [MX], NOW)
+    assert outcome.result is Result.CERTIFICATE_EXPIRED
+    assert "chain certificate 1" in outcome.reason

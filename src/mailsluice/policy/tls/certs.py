@@ -94,25 +94,26 @@ class PathOutcome:
 
 
 def check_path(
-    chain: Sequence[x509.Certificate],
+    leaf: x509.Certificate,
+    others: Sequence[x509.Certificate],
     store: xv.Store,
     now: dt.datetime,
     *,
     untrusted: Result = Result.CERTIFICATE_NOT_TRUSTED,
 ) -> PathOutcome:
-    """The leaf ``chain[0]`` leads, through the other certificates presented, to an
-    anchor of ``store`` with valid signatures, each certificate valid at ``now``. Its
-    names are not checked (the caller does, with ``name_matches_cert``); a leaf without
-    a DNS name fails as a host mismatch."""
-    leaf = chain[0]
-    expired = _expired(chain, now)
-    if expired is not None:
-        return PathOutcome(False, Result.CERTIFICATE_EXPIRED, expired)
+    """The ``leaf`` leads to an anchor of ``store`` through some of the ``others``
+    presented (in any order; the ones not needed, an expired cross-signed root for one,
+    are ignored), with valid signatures, each certificate on the path valid at ``now``.
+    Its names are not checked (the caller does, with ``name_matches_cert``); a leaf
+    without a DNS name fails as a host mismatch. A path that fails while a certificate
+    presented is out of its validity period counts as ``certificate-expired``."""
+    stale = _out_of_date(leaf, now, "the certificate")
+    if stale is not None:
+        return PathOutcome(False, Result.CERTIFICATE_EXPIRED, stale)
     names = cert_names(leaf)
     if not names:
-        return PathOutcome(
-            False, Result.CERTIFICATE_HOST_MISMATCH, "the certificate names no DNS host"
-        )
+        reason = "the certificate names no DNS host"
+        return PathOutcome(False, Result.CERTIFICATE_HOST_MISMATCH, reason)
     subject = x509.DNSName(names[0].replace("*", "wildcard", 1))
     verifier = (
         xv.PolicyBuilder()
@@ -122,8 +123,12 @@ def check_path(
         .build_server_verifier(subject)
     )
     try:
-        verifier.verify(leaf, list(chain[1:]))
+        verifier.verify(leaf, list(others))
     except (xv.VerificationError, ValueError) as error:
+        for position, cert in enumerate(others, start=1):
+            stale = _out_of_date(cert, now, f"chain certificate {position}")
+            if stale is not None:
+                return PathOutcome(False, Result.CERTIFICATE_EXPIRED, stale)
         text = str(error)
         text = text if len(text) <= _REASON_CAP else text[: _REASON_CAP - 3] + "..."
         return PathOutcome(False, untrusted, f"the chain does not verify ({text})")
@@ -143,13 +148,11 @@ def _subject(cert: x509.Certificate) -> str:
         return "(unreadable subject)"
 
 
-def _expired(chain: Sequence[x509.Certificate], now: dt.datetime) -> str | None:
-    for position, cert in enumerate(chain):
-        which = "the certificate" if position == 0 else f"chain certificate {position}"
-        if now > cert.not_valid_after_utc:
-            return f"{which} ({describe(cert)}) expired at {_when(cert.not_valid_after_utc)}"
-        if now < cert.not_valid_before_utc:
-            return f"{which} ({describe(cert)}) is valid from {_when(cert.not_valid_before_utc)}"
+def _out_of_date(cert: x509.Certificate, now: dt.datetime, which: str) -> str | None:
+    if now > cert.not_valid_after_utc:
+        return f"{which} ({describe(cert)}) expired at {_when(cert.not_valid_after_utc)}"
+    if now < cert.not_valid_before_utc:
+        return f"{which} ({describe(cert)}) is valid from {_when(cert.not_valid_before_utc)}"
     return None
 
 

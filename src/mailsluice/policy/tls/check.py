@@ -132,7 +132,7 @@ def _pkix(
             f"{_what(policy)}: no trust anchors loaded (tls_policy.ca_file) to verify {matched}"
         )
         return Verdict(False, Result.CERTIFICATE_NOT_TRUSTED, reason)
-    outcome = check_path(chain, anchors, utc(now))
+    outcome = check_path(leaf, chain[1:], anchors, utc(now))
     if not outcome.ok:
         return Verdict(
             False, outcome.result, f"{_what(policy)}: certificate for {matched}: {outcome.reason}"

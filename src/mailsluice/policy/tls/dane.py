@@ -10,8 +10,9 @@ included, RFC 7672 §3.1.3).
 - DANE-TA(2): a certificate of the presented chain matches (RFC 7672 §3.1.2: the server
   MUST include the TA certificate in its chain, even a self-signed root, so a TA key
   not presented is not looked for). The chain from the leaf up to that certificate must
-  be valid (signatures, validity periods), with the matched certificate as the only
-  anchor of a ``cryptography.x509.verification.Store``: the verifier stops at a
+  be valid (signatures, validity periods; the other certificates presented serve as
+  intermediates in any order), with the matched certificate as the only anchor of a
+  ``cryptography.x509.verification.Store``: the verifier stops at a
   certificate that is in the store, so a TA that is not self-signed (an intermediate)
   works as such, and a leaf that matches a TA record is its own anchor (only its
   validity period and names count). The leaf must name the MX host or the TLSA base
@@ -114,7 +115,7 @@ def verify_dane(
         for record in records:
             if record.usage != DANE_TA or not record_matches(record, cert):
                 continue
-            outcome, name = _under_anchor(chain[: position + 1], names, now)
+            outcome, name = _under_anchor(chain, position, names, now)
             if outcome.ok:
                 reason = (
                     f"{outcome.reason}; trust anchor {describe(cert)} matches TLSA {_short(record)}"
@@ -130,17 +131,20 @@ def verify_dane(
 
 
 def _under_anchor(
-    path: Sequence[x509.Certificate], names: Sequence[str], now: dt.datetime
+    chain: Sequence[x509.Certificate], anchor: int, names: Sequence[str], now: dt.datetime
 ) -> tuple[PathOutcome, str | None]:
-    """The leaf ``path[0]`` up to the anchor ``path[-1]``: names, then the path."""
-    leaf = path[0]
+    """The leaf ``chain[0]`` under the trust anchor ``chain[anchor]``: names, then the
+    path through the other certificates presented (in any order)."""
+    leaf = chain[0]
     presented = cert_names(leaf)
     matched = next((name for name in names if name_matches_cert(name, presented)), None)
     if matched is None:
         wanted = " or ".join(names) or "(no MX host name known)"
         reason = f"certificate for {describe(leaf)} does not match {wanted}"
         return PathOutcome(False, Result.CERTIFICATE_HOST_MISMATCH, reason), None
-    outcome = check_path(path, xv.Store([path[-1]]), now, untrusted=Result.VALIDATION_FAILURE)
+    others = [cert for position, cert in enumerate(chain) if position not in (0, anchor)]
+    store = xv.Store([chain[anchor]])
+    outcome = check_path(leaf, others, store, now, untrusted=Result.VALIDATION_FAILURE)
     if not outcome.ok:
         return outcome, None
     return PathOutcome(True, Result.SUCCESS, f"certificate for {matched} (DANE-TA)"), matched
