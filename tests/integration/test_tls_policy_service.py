@@ -241,6 +241,8 @@ async def test_a_null_mx_has_no_host(zone: DnsServer) -> None:
     zone.add("nomail.example", "MX", "0 .")
     policy = await service(zone).policy_for("nomail.example", IP, NOW_TS)
     assert policy.mx_host is None
+    view = await TlsDns(zone.address, trust_ad=True).mx_view("nomail.example", IP, NOW_TS)
+    assert view.reason == "nomail.example accepts no mail (null MX)"
 
 
 class BrokenDns(TlsDns):

@@ -3,10 +3,13 @@ believed, and the trust anchors read from a PEM file."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
 import trustme
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mailsluice.runtime.tlsdns import ad_trusted, parse_resolver
 from mailsluice.runtime.tlspolicies import load_anchors
@@ -61,3 +64,22 @@ def test_anchors_from_a_pem_file(tmp_path: Path) -> None:
     empty.write_text("no certificate here\n")
     assert load_anchors(str(empty)) is None
     assert load_anchors(str(tmp_path / "missing.pem")) is None
+
+
+@given(st.ip_addresses(), st.integers(min_value=1, max_value=65535))
+def test_an_address_and_port_written_either_way_read_back(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int
+) -> None:
+    text = f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+    assert parse_resolver(text) == (str(address), port)
+    assert parse_resolver(str(address)) == (str(address), 53)
+
+
+@given(st.text(max_size=40))
+def test_any_text_is_read_or_refused_with_a_value_error(text: str) -> None:
+    try:
+        host, port = parse_resolver(text)
+    except ValueError:
+        return
+    assert ipaddress.ip_address(host)
+    assert 0 < port < 65536

@@ -54,7 +54,8 @@ class DnsOutcome:
     """One lookup: the record texts (or TLSA values), whether the AD bit was believed."""
 
     status: Status
-    texts: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()  # A/AAAA
+    mx: tuple[tuple[int, str], ...] = ()  # (preference, exchange; "": the root, null MX)
     tlsa: tuple[Tlsa, ...] = ()
     secure: bool = False
     ttl: float = 0.0
@@ -151,7 +152,7 @@ class TlsDns:
             tasks = [group.create_task(self.lookup(host, rdtype, now)) for host in hosts]
         addresses = [task.result() for task in tasks]
         for host, found in zip(hosts, addresses, strict=True):
-            if any(parse_ip(text) == ip for text in found.texts):
+            if any(parse_ip(address) == ip for address in found.addresses):
                 return MxView(host, secure=mx.secure and found.secure)
         reason = f"{mx_ip} is not an address of an MX host of {domain} ({', '.join(hosts)})"
         return MxView(None, reason=reason)
@@ -205,8 +206,11 @@ class TlsDns:
                 Tlsa(rr.usage, rr.selector, rr.mtype, bytes(rr.cert)) for rr in answer.rrset
             )
             return DnsOutcome(Status.OK, tlsa=records, secure=secure, ttl=ttl)
-        texts = tuple(rr.to_text() for rr in answer.rrset)
-        return DnsOutcome(Status.OK, texts=texts, secure=secure, ttl=ttl)
+        if rdtype == dns.rdatatype.MX:
+            mx = tuple((int(rr.preference), _host(rr.exchange)) for rr in answer.rrset)
+            return DnsOutcome(Status.OK, mx=mx, secure=secure, ttl=ttl)
+        addresses = tuple(str(rr.address) for rr in answer.rrset)
+        return DnsOutcome(Status.OK, addresses=addresses, secure=secure, ttl=ttl)
 
     def _secure_nx(self, error: dns.resolver.NXDOMAIN) -> bool:
         if not self.trusts_ad:
@@ -220,12 +224,12 @@ def _mx_hosts(domain: str, mx: DnsOutcome) -> list[str]:
     (RFC 5321 §5.1); none for a null MX (RFC 7505)."""
     if mx.status in (Status.NXDOMAIN, Status.NODATA):
         return [domain.lower().rstrip(".")]
-    ranked: list[tuple[int, str]] = []
-    for text in mx.texts:
-        preference, _, host = text.partition(" ")
-        host = host.strip().lower().rstrip(".")
-        if host and preference.isdigit():
-            ranked.append((int(preference), host))
+    ranked = [(preference, host) for preference, host in mx.mx if host]
     ranked.sort()
     hosts = list(dict.fromkeys(host for _, host in ranked))
     return hosts[:MAX_MX_HOSTS]
+
+
+def _host(name: dns.name.Name) -> str:
+    """A host name as the policy compares it; "" for the root (a null MX's exchange)."""
+    return "" if name == dns.name.root else name.to_text(omit_final_dot=True).lower()
