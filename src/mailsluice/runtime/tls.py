@@ -31,18 +31,23 @@ def client_context(ca_file: str | None = None) -> ssl.SSLContext:
     return context
 
 
+def load_roots(ca_file: str | None) -> list[x509.Certificate]:
+    """The PEM certificates of ``ca_file`` (none: no file, unreadable, or no certificate)."""
+    if not ca_file:
+        return []
+    try:
+        with open(ca_file, "rb") as handle, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # old roots with odd serial numbers
+            return x509.load_pem_x509_certificates(handle.read())
+    except (OSError, ValueError):
+        return []
+
+
 class ChainVerifier:
     """Verify a presented chain against trusted roots (no host name check)."""
 
     def __init__(self, ca_file: str | None = SYSTEM_CA_FILE) -> None:
-        roots: list[x509.Certificate] = []
-        if ca_file:
-            try:
-                with open(ca_file, "rb") as handle, warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # old roots with odd serial numbers
-                    roots = x509.load_pem_x509_certificates(handle.read())
-            except (OSError, ValueError):
-                roots = []
+        roots = load_roots(ca_file)
         self._store = xv.Store(roots) if roots else None
 
     def verify(self, ssl_object: Any) -> bool:

@@ -81,6 +81,15 @@ class StsPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class StsLookup:
+    """What the MTA-STS source knows of a domain: its policy (None: none, or none
+    usable) and the failure met on the way (for RFC 8460: a fetch or parse error)."""
+
+    policy: StsPolicy | None = None
+    error: Result | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     domain: str  # the recipient domain the policy is for
     level: Level
