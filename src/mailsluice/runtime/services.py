@@ -30,6 +30,7 @@ from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
+from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.upstreampool import UpstreamPool
 from mailsluice.sessionlog import LogWriter
 from mailsluice.smtp.replies import Reply
@@ -57,6 +58,7 @@ class ConnectionServices(Protocol):
     pool: UpstreamPool | None
     tls_context: ssl.SSLContext
     chain_verifier: ChainVerifier
+    mx_tls: MxTls  # the MX leg's TLS policy: allowed, required, SNI, the per-domain check
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -106,9 +108,11 @@ class Services:
         self.admission = admission
         fair = settings.fair
         timeouts = replace(settings.relay.timeouts, hold_max=fair.hold_max)
+        self.mx_tls = MxTls(settings.tls, hostname=settings.relay.hostname)
         self.relay_config = replace(
-            settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern()
-        )
+            settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern(),
+            tls_checks=self.mx_tls.gate is not None,
+        )  # fmt: skip
         self.destinations: Destinations | None = None
         if fair.enabled:
             self.destinations = Destinations(

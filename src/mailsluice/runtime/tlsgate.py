@@ -12,7 +12,6 @@ time (``deadline``) is a 4xx too, since it may be one that requires TLS.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -27,7 +26,7 @@ __all__ = ["PolicySource", "ResultLog", "TlsGate", "refusal"]
 
 log = logging.getLogger("mailsluice.tls")
 
-Checker = Callable[[Policy, TlsFacts, Store | None, dt.datetime], Verdict]
+Checker = Callable[[Policy, TlsFacts, Store | None, float], Verdict]  # now: POSIX time
 
 
 class PolicySource(Protocol):
@@ -77,8 +76,7 @@ class TlsGate:
             note = f"{domain}: no policy within {self._deadline:g} s: deferred"
             text = f"{domain}: TLS policy lookup timed out, try again later"
             return TlsPolicyChecked(domain, False, Reply.make(451, "4.7.5", text), note)
-        when = dt.datetime.fromtimestamp(now, dt.UTC)
-        verdict = self._check(policy, facts, self._anchors, when)
+        verdict = self._check(policy, facts, self._anchors, now)
         if self._results is not None and (
             policy.level.needs_tls or policy.report_type != "no-policy-found"
         ):

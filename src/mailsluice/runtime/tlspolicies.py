@@ -35,7 +35,7 @@ from mailsluice.runtime.tls import SYSTEM_CA_FILE, load_roots
 from mailsluice.runtime.tlsdns import TlsDns
 from mailsluice.tlsconfig import TlsSettings
 
-__all__ = ["NoSts", "StsSource", "TlsPolicyService", "load_anchors"]
+__all__ = ["DnsViews", "NoDns", "NoSts", "StsSource", "TlsPolicyService", "load_anchors"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -45,6 +45,24 @@ class StsSource(Protocol):
     """Where MTA-STS policies come from (fetched, cached, parsed elsewhere)."""
 
     async def lookup(self, domain: str, now: float) -> StsLookup: ...
+
+
+class DnsViews(Protocol):
+    """The DNS answers a policy is decided on (``tlsdns.TlsDns``, or ``NoDns``)."""
+
+    async def mx_view(self, domain: str, mx_ip: str, now: float) -> MxView: ...
+
+    async def tlsa_view(self, mx_host: str, now: float) -> TlsaView: ...
+
+
+class NoDns:
+    """No DNS at all (no ``resolver`` configured): no MX host name, no DANE."""
+
+    async def mx_view(self, domain: str, mx_ip: str, now: float) -> MxView:
+        return MxView(None, reason="no resolver configured")
+
+    async def tlsa_view(self, mx_host: str, now: float) -> TlsaView:
+        return TlsaView()
 
 
 class NoSts:
@@ -70,14 +88,16 @@ class TlsPolicyService:
         settings: TlsSettings,
         *,
         sts: StsSource | None = None,
-        dns: TlsDns | None = None,
+        dns: DnsViews | None = None,
         policy_ttl: float = 60.0,
         defer_ttl: float = 10.0,
         max_entries: int = 4096,
     ) -> None:
         self._settings = settings
         self._sts: StsSource = sts if sts is not None and settings.mta_sts else NoSts()
-        self._dns = dns if dns is not None else TlsDns(settings.resolver, settings.trust_ad)
+        self._dns: DnsViews = (
+            dns if dns is not None else TlsDns(settings.resolver, settings.trust_ad)
+        )
         self._policy_ttl = policy_ttl
         self._defer_ttl = defer_ttl
         self._max = max_entries
