@@ -81,6 +81,15 @@ class StsPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class StsLookup:
+    """What the MTA-STS source found for a domain: its policy (or none), and the
+    error met on the way (for reporting: a fetch error, an invalid policy)."""
+
+    policy: StsPolicy | None
+    error: Result | None  # e.g. Result.STS_POLICY_FETCH_ERROR / STS_POLICY_INVALID
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     domain: str  # the recipient domain the policy is for
     level: Level
