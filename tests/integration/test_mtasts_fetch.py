@@ -23,7 +23,10 @@ pytestmark = pytest.mark.integration
 
 DOMAIN = "example.test"
 WELL_KNOWN = "/.well-known/mta-sts.txt"
-ENFORCE = "version: STSv1\r\nmode: enforce\r\nmx: mx.example.test\r\nmx: *.mx.example.test\r\nmax_age: 1000\r\n"
+ENFORCE = (
+    "version: STSv1\r\nmode: enforce\r\nmx: mx.example.test\r\nmx: *.mx.example.test\r\n"
+    "max_age: 1000\r\n"
+)
 T0 = 1_800_000_000.0
 OTHERS = ("a.test", "b.test", "c.test")
 

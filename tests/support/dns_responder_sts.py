@@ -41,7 +41,9 @@ class DnsResponder(asyncio.DatagramProtocol):
 
     async def __aenter__(self) -> DnsResponder:
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", 0))
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: self, local_addr=("127.0.0.1", 0)
+        )
         self.port = transport.get_extra_info("sockname")[1]
         return self
 
@@ -69,7 +71,9 @@ class DnsResponder(asyncio.DatagramProtocol):
             response.set_rcode(dns.rcode.SERVFAIL)
         elif (name, rdtype) in self.records:
             response.answer.append(
-                dns.rrset.from_text_list(question.name, 60, "IN", rdtype, self.records[(name, rdtype)])
+                dns.rrset.from_text_list(
+                    question.name, 60, "IN", rdtype, self.records[(name, rdtype)]
+                )
             )
         elif not any(known == name for known, _ in self.records):
             response.set_rcode(dns.rcode.NXDOMAIN)

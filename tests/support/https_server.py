@@ -89,9 +89,13 @@ class HttpsServer:
             if not reply.chunked:
                 out.append(("Content-Length", str(len(reply.body))))
             out.append(("Connection", "close"))
-            writer.write(connection.send(h11.Response(status_code=reply.status, headers=out)) or b"")
+            writer.write(
+                connection.send(h11.Response(status_code=reply.status, headers=out)) or b""
+            )
             for start in range(0, len(reply.body), 8192):
-                writer.write(connection.send(h11.Data(data=reply.body[start : start + 8192])) or b"")
+                writer.write(
+                    connection.send(h11.Data(data=reply.body[start : start + 8192])) or b""
+                )
             writer.write(connection.send(h11.EndOfMessage()) or b"")
             await writer.drain()
         except (OSError, ssl.SSLError, h11.ProtocolError):

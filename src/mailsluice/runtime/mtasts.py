@@ -171,7 +171,9 @@ class MtaSts:
                     headers=[("Accept", "text/plain")], max_body=MAX_BODY,
                 )  # fmt: skip
         except ssl.SSLCertVerificationError as exc:
-            raise StsFetchError(Result.STS_WEBPKI_INVALID, f"{host}: {exc.verify_message}") from None
+            raise StsFetchError(
+                Result.STS_WEBPKI_INVALID, f"{host}: {exc.verify_message}"
+            ) from None
         except TimeoutError:
             raise StsFetchError(Result.STS_POLICY_FETCH_ERROR, f"{host}: no answer in "
                                 f"{self._deadline:g} s") from None  # fmt: skip
@@ -186,8 +188,8 @@ class MtaSts:
             raise StsFetchError(Result.STS_POLICY_FETCH_ERROR, f"{host}: HTTP {response.status}")
         media = (response.header("content-type") or "").split(";")[0].strip().lower()
         if media != "text/plain":
-            raise StsFetchError(Result.STS_POLICY_INVALID,
-                                f"{host}: Content-Type {media or 'missing'}, not text/plain")  # fmt: skip
+            why = f"{host}: Content-Type {media or 'missing'}, not text/plain"
+            raise StsFetchError(Result.STS_POLICY_INVALID, why)
         try:
             return parse_policy(response.body.decode("utf-8"), record_id)
         except (UnicodeDecodeError, StsPolicyError) as exc:
