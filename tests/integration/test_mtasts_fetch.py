@@ -205,6 +205,8 @@ async def test_a_servfail_keeps_the_cached_policy(world: World) -> None:
 async def test_the_cache_survives_a_restart(world: World) -> None:
     await world.source().lookup(DOMAIN, T0)
     assert world.cache.exists()
+    assert world.cache.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in world.cache.parent.iterdir()] == ["mta-sts.json"]  # no temporary
     restarted = world.source()
     found = await restarted.lookup(DOMAIN, T0 + 100)
     assert found.policy is not None
@@ -236,3 +238,26 @@ async def test_the_cache_is_bounded(world: World) -> None:
         assert found.policy is not None
     assert [source.cached(name) is not None for name in OTHERS] == [False, True, True]
     assert sorted(json.loads(world.cache.read_text())["policies"]) == ["b.test", "c.test"]
+
+
+@pytest.mark.parametrize("name", ["", "a..b", "x" * 70 + ".test", "-bad-.test"])
+async def test_a_malformed_domain_has_no_policy(world: World, name: str) -> None:
+    found = await world.source().lookup(name, T0)
+    assert (found.policy, found.error) == (None, None)
+
+
+async def test_waiters_of_a_cancelled_lookup_get_what_the_cache_allows(world: World) -> None:
+    source = world.source()
+    await source.lookup(DOMAIN, T0)
+    world.dns.records[(f"_mta-sts.{DOMAIN}", "TXT")] = ['"v=STSv1; id=slow"']
+    world.web.policy(ENFORCE, delay=5)
+    async with asyncio.TaskGroup() as group:
+        leader = group.create_task(source.lookup(DOMAIN, T0 + 10))
+        await asyncio.sleep(0.1)  # the leader is fetching
+        waiter = group.create_task(source.lookup(DOMAIN, T0 + 10))
+        await asyncio.sleep(0.05)
+        leader.cancel()
+    found = waiter.result()
+    assert found.policy is not None
+    assert found.policy.id == "20260101"  # the valid cached policy
+    assert found.error is Result.STS_POLICY_FETCH_ERROR
