@@ -45,7 +45,7 @@ LAB_MISSING = (
     "installs it, or: .venv/bin/pip install -e lab"
 )
 #: the commands of the product itself: never looked up among the entry points
-BUILT_IN_COMMANDS = frozenset({"serve", "check-config", "sessions", "transcript"})
+BUILT_IN_COMMANDS = frozenset({"serve", "check-config", "sessions", "transcript", "tlsrpt"})
 Command = Callable[[list[str]], int]
 
 
@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common_log_options(destinations)
     destinations.add_argument("--json", action="store_true", help="one JSON object per line")
     destinations.add_argument("--state", type=Path, help="the state file (default: beside the log)")
+
+    tlsrpt = sub.add_parser("tlsrpt", help="write (and send) the day's TLS reports, RFC 8460")
+    _common_log_options(tlsrpt)
+    tlsrpt.add_argument("--day", metavar="YYYY-MM-DD", help="the UTC day (default: yesterday)")
+    tlsrpt.add_argument("--out", type=Path, default=Path("."), help="directory for the reports")
+    tlsrpt.add_argument("--send", action="store_true", help="POST them to the domains' rua")
+    tlsrpt.add_argument("--db", type=Path, help="the counts (default: tlsrpt.db beside the state)")
 
     transcript = sub.add_parser("transcript", help="print one session's commands and replies")
     _common_log_options(transcript)
@@ -307,6 +314,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         path = args.state or state_path(settings.state_file, settings.log)
         return print_destinations(path, as_json=args.json)
+    if args.command == "tlsrpt":
+        from mailsluice.runtime.statefile import state_path
+        from mailsluice.runtime.tlsrpt_store import store_beside
+        from mailsluice.tlsrpt_cli import run_tlsrpt, yesterday
+
+        db = args.db or store_beside(state_path(settings.state_file, settings.log))
+        day = args.day or yesterday(time.time())
+        return run_tlsrpt(settings.tls, db, day=day, out=args.out, send=args.send)
     if args.command == "transcript":
         from mailsluice.sessionlog.cli_commands import print_transcript
 
