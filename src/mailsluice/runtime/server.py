@@ -24,6 +24,7 @@ import signal
 import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import TracebackType
 
 from mailsluice.config import ALLOW_LOCAL, Settings
@@ -43,8 +44,11 @@ from mailsluice.runtime.listener import (
     steer_by_source,
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
+from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
+from mailsluice.runtime.tlsmx import MxTls
+from mailsluice.runtime.tlsrpt_store import TlsRptStore, store_beside
 from mailsluice.runtime.workers import RESTART, hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog import LogWriter, open_log
 from mailsluice.sessionlog.fanout import LogFanout
@@ -57,6 +61,7 @@ def _services(
     log_writer: LogWriter,
     chain: FilterChain | None,
     remembered: dict[tuple[str, str, int], int] | None = None,
+    mx_tls: MxTls | None = None,
 ) -> Services:
     """The services every connection of this worker shares."""
     local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
@@ -68,7 +73,18 @@ def _services(
         caps=limits.Caps(settings.max_connections, settings.max_connections_per_client),
         transparent=settings.upstream is None,
     )
-    return Services(settings, log_writer, admission, chain, remembered)
+    return Services(settings, log_writer, admission, chain, remembered, mx_tls)
+
+
+def _mx_tls(settings: Settings, state: Path | None) -> tuple[MxTls, TlsRptStore | None]:
+    """The MX leg's TLS policy, with its MTA-STS cache and TLS report counts kept beside
+    the state file (the same place for every worker)."""
+    tls = settings.tls
+    sts = MtaSts(tls, cache_path_beside(state)) if tls.mta_sts and tls.resolver else None
+    where = store_beside(state) if tls.tlsrpt else None
+    results = TlsRptStore(where) if where is not None else None
+    mx_tls = MxTls(tls, hostname=settings.relay.hostname, sts=sts, results=results)
+    return mx_tls, results if mx_tls.gate is not None else None
 
 
 def open_sinks(settings: Settings) -> LogWriter:
@@ -111,7 +127,9 @@ class Proxy:
             None if settings.shared_fair else state_path(settings.state_file, settings.log)
         )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
-        self.services = _services(settings, self.log_writer, chain, remembered)
+        mx_tls, self._tls_results = _mx_tls(settings, state_path(settings.state_file, settings.log))
+        self.services = _services(settings, self.log_writer, chain, remembered, mx_tls)
+        self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
@@ -172,6 +190,8 @@ class Proxy:
         if destinations is not None and destinations.names.needed and not self.settings.shared_fair:
             # (with several workers the broker resolves them, where the scheduler is)
             self._resolving = self._group.create_task(destinations.names.run())
+        if self._tls_results is not None:
+            self._reporting = self._group.create_task(self._tls_results.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
 
@@ -200,6 +220,9 @@ class Proxy:
         if self._state is not None:
             self._state.stop()
             self._state = None
+        if self._reporting is not None:
+            self._reporting.cancel()
+            self._reporting = None
         connections = self.services.connections
         for connection in list(connections):
             connection.shutdown(forced=False)
@@ -219,6 +242,8 @@ class Proxy:
             await self.shutdown(grace=0 if exc is not None else None)
         assert self._group is not None
         await self._group.__aexit__(exc_type, exc, tb)
+        if self._tls_results is not None:
+            await asyncio.to_thread(self._tls_results.close)  # the last counts
         if self._own_writer:
             self.log_writer.detach()  # loop callbacks end here; the rest is written off-loop
             await asyncio.to_thread(self.log_writer.close)

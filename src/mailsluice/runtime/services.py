@@ -102,13 +102,14 @@ class Services:
         admission: Admission,
         filter_chain: FilterChain | None = None,
         remembered: dict[tuple[str, str, int], int] | None = None,
+        mx_tls: MxTls | None = None,
     ) -> None:
         self.settings = settings
         self.log_writer = log_writer
         self.admission = admission
         fair = settings.fair
         timeouts = replace(settings.relay.timeouts, hold_max=fair.hold_max)
-        self.mx_tls = MxTls(settings.tls, hostname=settings.relay.hostname)
+        self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
         self.relay_config = replace(
             settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern(),
             tls_checks=self.mx_tls.gate is not None,
