@@ -2,7 +2,8 @@
 
 ``ConnectionServices`` is everything ``handler.ConnectionHandler`` and ``mxleg.MxLeg``
 use: where a connection goes (``route``), whether it may (``admit``), the TLS state
-toward MXes, the session log, the pool of idle MX connections, the filter chain, and
+toward MXes (the client context, the chain verifier, the sessions kept for resumption, the
+MX host name for SNI), the session log, the pool of idle MX connections, the filter chain, and
 the registry of live connections. The handler imports this interface only, never the
 server that builds it, so the runtime has no import cycle; tests can hand a handler a
 services object of their own.
@@ -30,6 +31,7 @@ from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
+from mailsluice.runtime.tlsresume import Resumption
 from mailsluice.runtime.upstreampool import UpstreamPool
 from mailsluice.sessionlog import LogWriter
 from mailsluice.smtp.replies import Reply
@@ -57,6 +59,7 @@ class ConnectionServices(Protocol):
     pool: UpstreamPool | None
     tls_context: ssl.SSLContext
     chain_verifier: ChainVerifier
+    resumption: Resumption | None  # TLS sessions kept for the next handshake (None: off)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -76,6 +79,8 @@ class ConnectionServices(Protocol):
     def tls_allowed(self, destination: str, now: float) -> bool: ...
 
     def tls_failed(self, destination: str, now: float) -> None: ...
+
+    def tls_name_for(self, destination_ip: str) -> str | None: ...
 
     def dialled(self, pair: Outbound) -> None: ...
 
@@ -120,6 +125,7 @@ class Services:
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.tls_context = client_context()
         self.chain_verifier = ChainVerifier()
+        self.resumption = Resumption() if settings.tls.resumption else None
         self._tls_memory = TlsFailureMemory()
         self.connections: set[Registered] = set()
         self.connections_total = 0
@@ -192,6 +198,10 @@ class Services:
 
     def tls_failed(self, destination: str, now: float) -> None:
         self._tls_memory.record_failure(destination, now)
+
+    def tls_name_for(self, destination_ip: str) -> str | None:
+        """The MX host name learned by the TLS policy service, for SNI."""
+        return None
 
     # ----------------------------------------------------------------- live connections
     def started(self, connection: Registered) -> None:
