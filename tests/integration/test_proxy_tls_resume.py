@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def _run(loop: str, scenario: Coroutine[Any, Any, None]) -> None:
 
 
 @pytest.fixture
-def settled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[TlsFacts]]:
+def settled(monkeypatch: pytest.MonkeyPatch) -> list[TlsFacts]:
     """The facts of every TLS connection to the MX, in order, as the proxy saw them."""
     seen: list[TlsFacts] = []
     original = MxLeg.tls_settled
@@ -58,7 +58,7 @@ def settled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[TlsFacts]]:
         original(self)
 
     monkeypatch.setattr(MxLeg, "tls_settled", spy)
-    yield seen
+    return seen
 
 
 def _mx_context(context: ssl.SSLContext, version: str) -> ssl.SSLContext:
@@ -190,11 +190,14 @@ def test_plaintext_facts_without_tls(proxy_factory, settled: list[TlsFacts]) -> 
     seen: list[TlsFacts] = []
 
     async def scenario() -> None:
-        async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
-            async with await connect(proxy) as client:
-                await greet(client)
-                [handler] = proxy.services.connections
-                seen.append(handler.mx.tls_facts)  # type: ignore[attr-defined]
+        async with (
+            ScriptedMX() as mx,
+            proxy_factory(mx.address) as proxy,
+            await connect(proxy) as client,
+        ):
+            await greet(client)
+            [handler] = proxy.services.connections
+            seen.append(handler.mx.tls_facts)  # type: ignore[attr-defined]
 
     _run("asyncio", scenario())
     assert seen == [TlsFacts.plaintext()]

@@ -83,7 +83,8 @@ def test_forget_and_replace() -> None:
     cache.put(KEY, first, CHAIN, now=0.0)
     cache.put(KEY, second, CHAIN, now=0.0)
     found = cache.get(KEY, now=0.0)
-    assert found is not None and found.session is second
+    assert found is not None
+    assert found.session is second
     cache.forget(KEY)
     cache.forget(KEY)  # forgetting twice is harmless
     assert cache.get(KEY, now=0.0) is None
