@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from mailsluice.runtime import tlsresume
-from mailsluice.runtime.tlsresume import ResumeKey, Resumption, SessionCache
+from mailsluice.runtime.tlsresume import ResumeKey, Resumption, SessionCache, Verdict
 
 pytestmark = pytest.mark.unit
 
@@ -161,3 +161,27 @@ def test_contexts_lent_at_once_are_distinct_and_all_come_back() -> None:
     with resumption.lend(shared, None) as again:
         assert again in (one, two)
         assert getattr(again, "session", "unset") is None
+
+
+# ----------------------------------------------------------------- verdicts and refresh
+def test_a_resumed_session_is_refreshed_only_past_half_its_life() -> None:
+    cache = SessionCache()
+    cache.put(KEY, _session(hint=600), CHAIN, now=1000.0)
+    found = cache.get(KEY, now=1000.0)
+    assert found is not None
+    assert (found.refresh, found.expires) == (1300.0, 1600.0)
+
+
+def test_a_verdict_holds_for_its_verifier_until_the_first_notafter() -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("mx.test")
+    pems = [*leaf.cert_chain_pems, ca.cert_pem]
+    ders = tuple(ssl.PEM_cert_to_DER_cert(blob.bytes().decode()) for blob in pems)
+    verifier, other = object(), object()
+    verdict = Verdict.of(True, verifier, ders)
+    assert verdict.until > 0
+    assert verdict.holds(verifier, verdict.until - 1)
+    assert not verdict.holds(verifier, verdict.until)  # the chain's first certificate expired
+    assert not verdict.holds(other, verdict.until - 1)  # another trust store asks again
+    assert Verdict.of(True, verifier, (b"not DER",)).until == 0.0  # never reused
+    assert Verdict.of(True, verifier, ()).until == 0.0

@@ -24,6 +24,7 @@ Every exception of the OS or of TLS becomes an event in ``errors``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from mailsluice.policy.tls.model import TlsFacts
@@ -36,7 +37,7 @@ from mailsluice.runtime.dialer import dial
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import format_address
 from mailsluice.runtime.tls import peer_chain
-from mailsluice.runtime.tlsresume import ResumeKey
+from mailsluice.runtime.tlsresume import Remembered, ResumeKey, Verdict
 from mailsluice.runtime.upstreampool import Pooled, PoolKey
 
 __all__ = ["MxLeg"]
@@ -98,7 +99,8 @@ class MxLeg:
         self._sessions = 0  # client sessions before this one on the connection
         self.hold: Hold | None = None  # fair sharing: the slot this connection counts in
         self.tls_facts = PLAINTEXT  # what the connection is (TLS: the chain presented)
-        self._unsettled: ResumeKey | None = None  # a session to remember at the first reply
+        # a session to remember at the MX's first reply over TLS (``tls_settled``)
+        self._unsettled: tuple[ResumeKey, Remembered | None, Verdict] | None = None
 
     # ------------------------------------------------------------ dial and TLS
     async def connect(self, still_wanted: Callable[[], bool]) -> None:
@@ -180,35 +182,45 @@ class MxLeg:
         cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
         version = (ssl_object.version() if ssl_object is not None else None) or "?"
         resumed = ssl_object is not None and ssl_object.session_reused
+        verifier = services.chain_verifier
         if resumed and remembered is not None:
             chain = remembered.chain  # the same session proves the same peer
-            verified = services.chain_verifier.verify_chain(chain)
+            verdict = remembered.verdict
+            if verdict is None or not verdict.holds(verifier, time.time()):
+                verdict = Verdict.of(verifier.verify_chain(chain), verifier, chain)
         else:
-            resumed = False  # (a session we did not offer is not ours to trust)
+            resumed, remembered = False, None  # (a session not offered is not ours to trust)
             chain = peer_chain(ssl_object) if ssl_object is not None else ()
-            verified = services.chain_verifier.verify(ssl_object)
+            verdict = Verdict(verifier.verify(ssl_object), verifier, 0.0)
         self.tls_facts = TlsFacts(
             tls=True, version=version, cipher=cipher[0], chain=chain, sni=server_hostname,
             resumed=resumed,
         )  # fmt: skip
         if resumption is not None:
-            self._unsettled = key
-        self._feed(ev.TlsStarted(version, cipher[0], verified))
+            self._unsettled = (key, remembered, verdict)
+        self._feed(ev.TlsStarted(version, cipher[0], verdict.verified))
 
     def tls_settled(self) -> None:
         """The MX's first bytes over TLS have been read (its reply to the EHLO after
         STARTTLS): a TLS 1.3 ticket has arrived by now. The session is remembered for
-        the next handshake with the same key, if it has a ticket. The shell calls this
-        when ``settling`` is true and bytes from the MX arrive."""
-        key, self._unsettled = self._unsettled, None
+        the next handshake with the same key, if it has a ticket (a resumed one only
+        when the remembered one is past half its life). The shell calls this when
+        ``settling`` is true and bytes from the MX arrive."""
+        unsettled, self._unsettled = self._unsettled, None
         resumption, server = self._services.resumption, self.transport
-        if key is None or resumption is None or server is None:
+        if unsettled is None or resumption is None or server is None:
             return
+        key, remembered, verdict = unsettled
+        now = self._services.loop.time()
+        if remembered is not None and now < remembered.refresh:
+            return  # resumed, and the session it resumed is still fresh
         ssl_object = server.get_extra_info("ssl_object")
         session = ssl_object.session if ssl_object is not None else None
         if session is not None:
-            now = self._services.loop.time()
-            resumption.cache.put(key, session, self.tls_facts.chain, now)
+            chain = self.tls_facts.chain
+            if verdict.until == 0.0:  # the full handshake's: dated now, for the cache
+                verdict = Verdict.of(verdict.verified, verdict.verifier, chain)
+            resumption.cache.put(key, session, chain, now, verdict)
 
     @property
     def settling(self) -> bool:

@@ -21,6 +21,14 @@ so the checks are made on that chain (``Remembered.chain``). With TLS 1.3 the ti
 after the handshake, with the first read: sessions are stored after the MX's first reply
 over TLS (``MxLeg.tls_settled``), and only with a ticket. The cache is an LRU of bounded
 size; an entry lives as long as the ticket's lifetime hint says, capped.
+
+CPython's ``ssl`` copies a session each time one is read (``SSLObject.session``) or offered
+(``wrap_bio(session=...)``): a DER round trip that parses the peer's certificate again,
+~0.25 ms with OpenSSL 3.0, as much as a resumed handshake itself. So a resumed handshake's
+session is read only once the remembered one is past half its life (``Remembered.refresh``;
+servers that issue tickets with OpenSSL accept a ticket more than once). And the chain's
+verification (``ChainVerifier``, ~0.25 ms) is kept with the session (``Verdict``): the same
+chain, the same verifier, before the chain's first notAfter, give the same answer.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["HandshakeContext", "Remembered", "ResumeKey", "Resumption", "SessionCache"]
+from cryptography import x509
+
+__all__ = ["HandshakeContext", "Remembered", "ResumeKey", "Resumption", "SessionCache", "Verdict"]
 
 DEFAULT_CAPACITY = 2048
 MAX_LIFETIME = 3600.0  # seconds: the longest a session is offered, whatever its hint
@@ -56,6 +66,31 @@ class Remembered:
     session: ssl.SSLSession
     chain: tuple[bytes, ...]  # DER, leaf first
     expires: float  # monotonic time
+    refresh: float  # monotonic time: from then on, a resumed handshake's session replaces it
+    verdict: Verdict | None = None  # the chain's verification, while it holds
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A chain's verification by one verifier, true until the first certificate expires
+    (a verification depends on the chain, the trust store and the time, nothing else)."""
+
+    verified: bool
+    verifier: object  # the ``ChainVerifier`` that said so (another one asks again)
+    until: float  # wall-clock time: the earliest notAfter of the chain
+
+    @classmethod
+    def of(cls, verified: bool, verifier: object, chain: tuple[bytes, ...]) -> Verdict:
+        try:
+            until = min(
+                x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp() for der in chain
+            )
+        except ValueError:  # unreadable (or no chain): never reused
+            until = 0.0
+        return cls(verified, verifier, until)
+
+    def holds(self, verifier: object, now: float) -> bool:
+        return verifier is self.verifier and now < self.until
 
 
 class SessionCache:
@@ -82,14 +117,19 @@ class SessionCache:
         return entry
 
     def put(
-        self, key: ResumeKey, session: ssl.SSLSession, chain: tuple[bytes, ...], now: float
+        self,
+        key: ResumeKey,
+        session: ssl.SSLSession,
+        chain: tuple[bytes, ...],
+        now: float,
+        verdict: Verdict | None = None,
     ) -> bool:
         """Remember ``session`` for ``key`` if it can resume (it has a ticket)."""
         if not session.has_ticket or not chain:
             return False
         hint = float(session.ticket_lifetime_hint)
         lifetime = min(hint if hint > 0 else DEFAULT_LIFETIME, self._max_lifetime)
-        self._entries[key] = Remembered(session, chain, now + lifetime)
+        self._entries[key] = Remembered(session, chain, now + lifetime, now + lifetime / 2, verdict)
         self._entries.move_to_end(key)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
@@ -97,6 +137,9 @@ class SessionCache:
 
     def forget(self, key: ResumeKey) -> None:
         self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 class HandshakeContext(ssl.SSLContext):
