@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import uvloop
-from tests.integration.proxy_helpers import connect, greet, sessions
+from tests.integration.proxy_helpers import connect, greet, sessions, transcript_of
 from tests.integration.test_runtime_tls import _Pki
 
 from mailsluice.policy.tls.model import TlsFacts
@@ -98,8 +98,15 @@ def test_the_second_session_resumes_and_keeps_the_chain(
     assert second.chain == third.chain == (pki.leaf_der,)  # the full handshake's chain
     assert first.version == second.version == f"TLSv{version}"
     assert second.sni is None
-    # A resumed session presents no certificate: its cached chain is verified again.
-    assert [s["tls_verified"] for s in sessions(tmp_path)] == [True, True, True]
+    # A resumed session presents no certificate: the verdict on its chain still holds.
+    logged = sessions(tmp_path)
+    assert [s["tls_verified"] for s in logged] == [True, True, True]
+    notes = [
+        [t["text"] for t in transcript_of(tmp_path, s["id"]) if "TLS established" in t["text"]]
+        for s in logged
+    ]
+    assert [len(n) for n in notes] == [1, 1, 1]
+    assert ["(session resumed)" in n[0] for n in notes] == [False, True, True]
 
 
 @pytest.mark.parametrize("loop", LOOPS)

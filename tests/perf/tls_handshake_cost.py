@@ -4,22 +4,24 @@ Runs the real ``MxLeg.start_tls`` (the lent handshake context, the handshake, th
 version, cipher, the chain read or taken from the cache, the chain's verification) and
 ``MxLeg.tls_settled`` (the session kept, at the MX's reply to the EHLO over TLS, as the
 shell calls it) against a TLS MX in another process (this module with ``--serve``:
-greeting, STARTTLS, EHLO, QUIT; a throw-away trustme PKI, leaf and intermediate, ECDSA
-P-256 or RSA 2048), one connection at a time, and times both calls with
-``time.process_time()``: the CPU of this process only. Three modes, in blocks that
-alternate (``--runs``) so a drift of the machine hits all:
+greeting, STARTTLS, EHLO, QUIT; a throw-away PKI, ``bench_pki``: leaf and intermediate,
+ECDSA P-256 or RSA 2048; with ``--trusted`` the proxy trusts its root, so the chain
+verifies as a public MX's does), one connection at a time, and times both calls with
+``time.process_time()``: the CPU of this process only. Three modes, one handshake of
+each in turn (so a drift of the machine hits all three alike), ``--handshakes`` rounds per
+run:
 
 - *off*: ``[tls_policy] resumption = false``, every handshake full (the reference);
 - *first*: resumption on, the cache emptied before each handshake: a full handshake and
   its session kept (what a new MX costs with resumption on);
-- *resumed*: resumption on, every handshake but the block's first resumes (checked).
+- *resumed*: resumption on, resuming the session the *first* handshake kept (checked).
 
 The ratio resumed / off of the medians is printed per run, then its median and range over
 the runs. The MX process's CPU per handshake is read from /proc for each block (the
 server's side of the same handshakes).
 
     .venv/bin/python -m tests.perf.tls_handshake_cost [--tls 1.3] [--loop uvloop]
-        [--key ecdsa|rsa] [--handshakes 300] [--runs 5] [--json FILE]
+        [--key ecdsa|rsa] [--trusted] [--handshakes 300] [--runs 5] [--json FILE]
 
 Bounded: --runs x 3 x --handshakes connections, a deadline on every step, the MX process
 stopped at the end; loopback only. It lives with the product's tests: it drives the
@@ -42,7 +44,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import trustme
+from tests.perf.bench_pki import write_pki
 
 from mailsluice.config import HostPort, Settings
 from mailsluice.fairconfig import FairSettings
@@ -51,6 +53,7 @@ from mailsluice.relay import events as ev
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.tls import ChainVerifier
 from mailsluice.sessionlog.threadwriter import NullWriter
 from mailsluice_lab.bench.starttls_front import server_context
 from mailsluice_lab.processes import tree_cpu_seconds
@@ -110,13 +113,16 @@ class _Upstream(asyncio.Protocol):
         return line
 
 
-def _services() -> Services:
+def _services(trusted: Path | None) -> Services:
     settings = Settings(
         upstream=HostPort(LOOPBACK, 25), log="none", fair=FairSettings(enabled=False)
     )
     loopback = (ipaddress.ip_network("127.0.0.0/8"),)
     admission = Admission(hostname="b", allowed=loopback, caps=Caps(10**6, 0), transparent=False)
-    return Services(settings, NullWriter(), admission)  # type: ignore[arg-type]
+    services = Services(settings, NullWriter(), admission)  # type: ignore[arg-type]
+    if trusted is not None:  # the MX's chain verifies, as a public MX's does
+        services.chain_verifier = ChainVerifier(str(trusted))
+    return services
 
 
 async def handshake(services: Services, port: int) -> tuple[float, bool]:
@@ -154,52 +160,44 @@ def _mx_cpu(pid: int) -> float:
     return tree_cpu_seconds(pid) or 0.0
 
 
-async def _block(
-    services: Services, port: int, mx_pid: int, handshakes: int, mode: str
-) -> tuple[float, float]:
-    """(median CPU of the proxy, mean CPU of the MX) per handshake, in microseconds."""
+async def _one(services: Services, port: int, mode: str) -> float:
+    """One handshake in ``mode`` (see the module docstring); the proxy's CPU for it."""
     resumption = services.resumption
     assert resumption is not None
     if mode == "off":
         services.resumption = None
-    mx0 = _mx_cpu(mx_pid)
-    cpus = []
+    elif mode == "first":
+        resumption.cache.clear()
     try:
-        for index in range(handshakes + (mode == "resumed")):
-            if mode == "first":
-                resumption.cache.clear()
-            cpu, was_resumed = await handshake(services, port)
-            if mode == "resumed" and index == 0:
-                continue  # it made the session the block resumes
-            assert was_resumed == (mode == "resumed"), f"{mode}: resumed={was_resumed}"
-            cpus.append(cpu)
+        cpu, was_resumed = await handshake(services, port)
     finally:
         services.resumption = resumption
-    mx_cpu = (_mx_cpu(mx_pid) - mx0) / (handshakes + (mode == "resumed"))
-    return statistics.median(cpus) * 1e6, mx_cpu * 1e6
+    assert was_resumed == (mode == "resumed"), f"{mode}: resumed={was_resumed}"
+    return cpu
 
 
-async def measure(port: int, mx_pid: int, handshakes: int, runs: int) -> list[dict[str, float]]:
-    services = _services()
+async def measure(
+    port: int, mx_pid: int, handshakes: int, runs: int, trusted: Path | None
+) -> list[dict[str, float]]:
+    """Per run, ``handshakes`` rounds of first, resumed, off (one handshake each, so the
+    three modes see the same machine): the medians, the MX's mean CPU per mode."""
+    services = _services(trusted)
+    modes = ("first", "resumed", "off")  # "first" keeps the session "resumed" resumes
     results = []
     for _ in range(runs):
-        run: dict[str, float] = {}
-        for mode in ("off", "first", "resumed"):
-            run[f"{mode}_us"], run[f"mx_{mode}_us"] = await _block(
-                services, port, mx_pid, handshakes, mode
-            )
+        cpus: dict[str, list[float]] = {mode: [] for mode in modes}
+        mx_cpu = dict.fromkeys(modes, 0.0)
+        for _ in range(handshakes):
+            for mode in modes:
+                mx0 = _mx_cpu(mx_pid)
+                cpus[mode].append(await _one(services, port, mode))
+                mx_cpu[mode] += _mx_cpu(mx_pid) - mx0  # (ticks: exact only summed up)
+        run = {f"{mode}_us": statistics.median(cpus[mode]) * 1e6 for mode in modes}
+        run |= {f"mx_{mode}_us": mx_cpu[mode] / handshakes * 1e6 for mode in modes}
         run["ratio"] = run["resumed_us"] / run["off_us"]
         run["mx_ratio"] = run["mx_resumed_us"] / run["mx_off_us"] if run["mx_off_us"] else 0.0
         results.append(run)
     return results
-
-
-def write_pki(directory: Path, key: str) -> None:
-    """mx.pem: the MX's key, leaf and intermediate (what a real MX presents)."""
-    kind = trustme.KeyType.RSA if key == "rsa" else trustme.KeyType.ECDSA
-    root = trustme.CA(key_type=kind)
-    leaf = root.create_child_ca(key_type=kind).issue_cert("mx.bench.mailsluice.test", key_type=kind)
-    leaf.private_key_and_cert_chain_pem.write_to_path(str(directory / "mx.pem"))
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -234,6 +232,8 @@ def main() -> None:
     parser.add_argument("--tls", choices=("1.2", "1.3"), default="1.3")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--key", choices=("ecdsa", "rsa"), default="ecdsa", help="MX key type")
+    parser.add_argument("--trusted", action="store_true",
+                        help="the proxy trusts the MX's root: its chain verifies")  # fmt: skip
     parser.add_argument("--handshakes", type=int, default=300, help="per mode and run")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the figures there too")
@@ -245,14 +245,17 @@ def main() -> None:
         _runner(args.loop)(serve(args.serve, server_context(args.tls, pem, pem)))
         return
     with tempfile.TemporaryDirectory(prefix="mailsluice-tls-cost-") as home:
-        write_pki(Path(home), args.key)
+        _, root = write_pki(Path(home), args.key)
+        trusted = root if args.trusted else None
         port = _free_port()
         argv = [sys.executable, "-m", "tests.perf.tls_handshake_cost", "--serve", str(port),
                 "--tls", args.tls, "--loop", args.loop, "--dir", home]  # fmt: skip
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         try:
             _wait_listening(port, proc)
-            results = _runner(args.loop)(measure(port, proc.pid, args.handshakes, args.runs))
+            results = _runner(args.loop)(
+                measure(port, proc.pid, args.handshakes, args.runs, trusted)
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=DEADLINE)
@@ -262,12 +265,13 @@ def main() -> None:
         print(f"run {index}: proxy off {r['off_us']:.0f} us, first {r['first_us']:.0f} us, "
               f"resumed {r['resumed_us']:.0f} us, ratio {r['ratio']:.3f}; MX off "
               f"{r['mx_off_us']:.0f} us, resumed {r['mx_resumed_us']:.0f} us")  # fmt: skip
-    print(f"TLS {args.tls}, {args.key}, {args.loop}, {args.handshakes} handshakes per mode and "
-          f"run: proxy resumed/full CPU {statistics.median(ratios):.3f} (median of "
+    chain = "trusted chain" if args.trusted else "untrusted chain"
+    print(f"TLS {args.tls}, {args.key}, {chain}, {args.loop}, {args.handshakes} handshakes "
+          f"per mode and run: proxy resumed/full CPU {statistics.median(ratios):.3f} (median of "
           f"{len(ratios)} runs, {min(ratios):.3f}-{max(ratios):.3f}; goal <= 0.333); "
           f"MX {statistics.median(mx_ratios):.3f}")  # fmt: skip
     if args.json is not None:
-        summary = {"tls": args.tls, "key": args.key, "loop": args.loop,
+        summary = {"tls": args.tls, "key": args.key, "trusted": args.trusted, "loop": args.loop,
                    "handshakes": args.handshakes, "runs": results,
                    "ratio_median": statistics.median(ratios),
                    "mx_ratio_median": statistics.median(mx_ratios)}  # fmt: skip

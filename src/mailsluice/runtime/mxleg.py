@@ -198,7 +198,7 @@ class MxLeg:
         )  # fmt: skip
         if resumption is not None:
             self._unsettled = (key, remembered, verdict)
-        self._feed(ev.TlsStarted(version, cipher[0], verdict.verified))
+        self._feed(ev.TlsStarted(version, cipher[0], verdict.verified, resumed))
 
     def tls_settled(self) -> None:
         """The MX's first bytes over TLS have been read (its reply to the EHLO after

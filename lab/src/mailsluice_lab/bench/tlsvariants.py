@@ -2,8 +2,10 @@
 
 The MX is smtp-sink behind ``starttls_front`` (STARTTLS answered and the handshake made
 there, with a throw-away self-signed certificate, then bytes copied to the sink, which
-counts the messages as in every variant). mailsluice runs with fair sharing off, so every
-message is a connection of its own toward the MX, and a handshake:
+counts the messages as in every variant). smtp-source only says HELO, and STARTTLS needs
+EHLO: ``pyforward --ehlo`` between it and mailsluice turns its HELO into EHLO. mailsluice
+runs with fair sharing off, so every message is a connection of its own toward the MX,
+and a handshake; only mailsluice's processes are measured:
 
 - ``mailsluice-tls-off``: the same front, STARTTLS not offered (the baseline: the same
   path, no TLS);
@@ -57,14 +59,29 @@ async def starttls_front(ctx: Context, tls: str) -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
+async def ehlo_shim(ctx: Context, upstream: int) -> AsyncIterator[int]:
+    """``pyforward --ehlo`` before ``upstream``: smtp-source's HELO goes on as EHLO."""
+    port = free_port()
+    argv = [sys.executable, "-m", "mailsluice_lab.bench.pyforward", str(port), str(upstream),
+            "--ehlo"]  # fmt: skip
+    log = ctx.workdir / f"ehlo-shim-{ctx.run_tag}.log"
+    async with child(argv, log=log, grace=5.0) as proc:
+        await wait_smtp_ready(
+            port, timeout=ctx.startup_timeout, died=exit_reporter(proc, "ehlo shim", log)
+        )
+        yield port
+
+
+@contextlib.asynccontextmanager
 async def _mailsluice_tls(ctx: Context, *, tls: str, resume: bool) -> AsyncIterator[Endpoint]:
     config = NO_FAIR_CONFIG + ("" if resume else NO_RESUMPTION)
     async with (
         starttls_front(ctx, tls) as front,
         start_mailsluice(replace(ctx, sink_port=front), config=config) as endpoint,
+        ehlo_shim(ctx, endpoint.port) as shim,
     ):
         info = {**endpoint.info, "mx_tls": tls, "resumption": resume}
-        yield replace(endpoint, info=info)
+        yield replace(endpoint, port=shim, info=info)
 
 
 def _variant(name: str, describe: str, tls: str, resume: bool) -> Variant:
