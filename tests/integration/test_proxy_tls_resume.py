@@ -209,3 +209,32 @@ def test_plaintext_facts_without_tls(proxy_factory, settled: list[TlsFacts]) -> 
     _run("asyncio", scenario())
     assert seen == [TlsFacts.plaintext()]
     assert settled == []
+
+
+def test_a_reused_connection_keeps_its_tls_facts(
+    proxy_factory, server_ssl_context: ssl.SSLContext, settled: list[TlsFacts]
+) -> None:
+    """Connection reuse: the second session runs on the first one's TLS connection (no
+    handshake at all), and its MX leg knows that connection's facts, chain included."""
+    seen: list[TlsFacts] = []
+
+    async def scenario() -> None:
+        async with (
+            ScriptedMX(tls=server_ssl_context) as mx,
+            proxy_factory(mx.address, settings={"reuse_connections": True}) as proxy,
+        ):
+            for _ in range(2):
+                async with await connect(proxy) as client:
+                    await greet(client)
+                    live: list[Any] = list(proxy.services.connections)
+                    [handler] = [c for c in live if not c.relay.closed]
+                    seen.append(handler.mx.tls_facts)
+                    await client.quit()
+                await asyncio.sleep(0.05)  # the connection goes back to the pool
+            assert len(mx.sessions) == 1
+
+    _run("asyncio", scenario())
+    [first] = settled  # one handshake
+    assert seen == [first, first]
+    assert first.tls
+    assert first.chain
