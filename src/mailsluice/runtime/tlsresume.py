@@ -1,10 +1,11 @@
 """TLS session resumption toward the MX, with asyncio's ``start_tls`` (which takes no session).
 
-Both loops (asyncio's and uvloop's) build the ``SSLObject`` of a STARTTLS handshake with
-``sslcontext.wrap_bio(incoming, outgoing, server_side=..., server_hostname=...)``, in a
-callback scheduled by ``start_tls``. uvloop runs that callback in the *transport's*
-``contextvars`` context (captured when the connection was made), so a context variable set
-around ``start_tls`` is not seen there. What works on both is a context of our own per
+Both loops build the ``SSLObject`` of a STARTTLS handshake with
+``sslcontext.wrap_bio(incoming, outgoing, server_side=..., server_hostname=...)``:
+asyncio's within ``start_tls`` (its ``SSLProtocol``'s constructor), uvloop's in a callback
+that ``start_tls`` schedules and that runs in the *transport's* ``contextvars`` context
+(captured when the connection was made), so a context variable set around ``start_tls``
+is not seen there. What works on both is a context of our own per
 handshake: ``HandshakeContext`` is an ``ssl.SSLContext`` (the loops check that) whose
 ``wrap_bio`` wraps with the proxy's one client context (``shared``) and the session chosen
 for this handshake. A session only resumes on the context that made it, which is why the
