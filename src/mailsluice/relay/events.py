@@ -72,6 +72,7 @@ class TlsStarted:
     version: str
     cipher: str
     verified: bool
+    resumed: bool = False  # an earlier TLS session with this MX, resumed
 
 
 @dataclass(frozen=True, slots=True)

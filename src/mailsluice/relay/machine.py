@@ -218,8 +218,8 @@ class Relay:
                     self._lease.wait_ran_out(text)
             case ev.ServerClosed(reason):
                 self._server_closed(reason)
-            case ev.TlsStarted(version, cipher, verified):
-                self._upgrade.started(version, cipher, verified)
+            case ev.TlsStarted(version, cipher, verified, resumed):
+                self._upgrade.started(version, cipher, verified, resumed=resumed)
             case ev.TlsFailed(reason):
                 self._upgrade.broken(f"TLS handshake failed: {reason}")
             case ev.TlsPolicyChecked(domain, ok, reply, note):

@@ -100,10 +100,11 @@ class TlsUpgrade:
         self._state.move_link(Link.HANDSHAKE)
         self._out.add(act.StartServerTls())
 
-    def started(self, version: str, cipher: str, verified: bool) -> None:
+    def started(self, version: str, cipher: str, verified: bool, *, resumed: bool = False) -> None:
         """The handshake is done: the client's EHLO again, over TLS."""
         self._out.account.tls = (version, cipher, verified)
-        self._out.note(f"TLS established: {version} {cipher} verified={verified}")
+        again = " (session resumed)" if resumed else ""
+        self._out.note(f"TLS established: {version} {cipher} verified={verified}{again}")
         after = self._state.awaiting[0]
         slot = after.slot
         # the client's EHLO again (the client drives the set-up), or ours (late binding)

@@ -30,11 +30,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mailsluice.policy.deferrals import Rule, classify
 from mailsluice.policy.destrules import DestinationRule, domain_rule, recipient_domain
 from mailsluice.policy.learned import LimitRules
+from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay.actions import UpstreamState
 from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
@@ -83,6 +84,7 @@ class Idle:
     opened_at: float  # loop time of the dial
     transactions: int  # transactions carried so far
     idle_since: float = 0.0
+    tls_facts: TlsFacts = field(default_factory=TlsFacts.plaintext)  # its TLS, the chain shown
 
 
 #: a grant: an idle connection of the tenant's (None: dial a new one), and its hold

@@ -196,6 +196,8 @@ class ConnectionHandler:
         if not from_client:
             if self._timer_on_server:
                 self._deadline = self._loop.time() + self._timeout
+            if self.mx.settling:  # the first reply over TLS: the session can be kept
+                self.mx.tls_settled()
         elif not self._timer_on_server:
             self._deadline = min(
                 self._loop.time() + self._timeout, self._deadline + len(data) / self._min_rate
@@ -312,7 +314,7 @@ class ConnectionHandler:
             case act.StartServerTls():
                 if self.mx.transport is not None:
                     self.mx.transport.pause_reading()
-                self._jobs.add(self.mx.start_tls)
+                self._jobs.add(self._start_tls)
             case act.CloseServer():
                 self.mx.close()
                 self._let_go()
@@ -358,6 +360,13 @@ class ConnectionHandler:
                 self._services.tls_failed(format_address(self.destination), time.time())
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    async def _start_tls(self) -> None:
+        """The handshake with the MX: its host name for SNI when the TLS policy knows it;
+        a session is resumed only for the same name and TLS mode (``MxLeg.start_tls``)."""
+        services = self._services
+        name = services.tls_name_for(plain_host(self.destination[0]))
+        await self.mx.start_tls(name, profile=services.relay_config.tls.value)
 
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed

@@ -8,8 +8,12 @@ transport's protocol (``sides.Side``, made by ``protocol``):
   timeout) and registers the address pair the moment ``connect()`` has chosen the
   source port, before this loop can accept anything: a redirect of our own connection
   back to us is then refused as a loop, deterministically (``admission``);
-* ``start_tls`` runs the STARTTLS handshake the relay asked for and reports the
-  protocol, the cipher and whether the chain verified;
+* ``start_tls`` runs the STARTTLS handshake the relay asked for (with the SNI and the
+  profile the caller gives; resuming a session when one is kept for them: ``tlsresume``),
+  reports the protocol, the cipher and whether the chain verified, and keeps the
+  connection's ``tls_facts`` (the chain presented; a resumed session's is the one its full
+  handshake presented); ``tls_settled``, called at the MX's first reply over TLS,
+  remembers the session (a TLS 1.3 ticket comes after the handshake);
 * with connection reuse, ``take_pooled`` makes an idle connection of the pool its own
   before the relay starts, and ``release`` gives it back when the relay says
   ``ReleaseServer`` (``upstreampool``).
@@ -20,8 +24,10 @@ Every exception of the OS or of TLS becomes an event in ``errors``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
+from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.runtime import errors
@@ -30,9 +36,13 @@ from mailsluice.runtime.destinations import Hold, Idle
 from mailsluice.runtime.dialer import dial
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import format_address
+from mailsluice.runtime.tls import peer_chain
+from mailsluice.runtime.tlsresume import Remembered, ResumeKey, Verdict
 from mailsluice.runtime.upstreampool import Pooled, PoolKey
 
 __all__ = ["MxLeg"]
+
+PLAINTEXT = TlsFacts.plaintext()
 
 
 class _Early(asyncio.Protocol):
@@ -66,7 +76,8 @@ class MxLeg:
     """The MX side of one connection."""
 
     __slots__ = ("_feed", "_key", "_opened_at", "_outbound", "_protocol", "_services",
-                 "_sessions", "_source", "destination", "hold", "transport")  # fmt: skip
+                 "_sessions", "_source", "_unsettled", "destination", "hold", "tls_facts",
+                 "transport")  # fmt: skip
 
     def __init__(
         self,
@@ -87,6 +98,9 @@ class MxLeg:
         self._opened_at = 0.0  # loop time of the dial
         self._sessions = 0  # client sessions before this one on the connection
         self.hold: Hold | None = None  # fair sharing: the slot this connection counts in
+        self.tls_facts = PLAINTEXT  # what the connection is (TLS: the chain presented)
+        # a session to remember at the MX's first reply over TLS (``tls_settled``)
+        self._unsettled: tuple[ResumeKey, Remembered | None, Verdict] | None = None
 
     # ------------------------------------------------------------ dial and TLS
     async def connect(self, still_wanted: Callable[[], bool]) -> None:
@@ -128,17 +142,35 @@ class MxLeg:
         self._outbound = pair
         self._services.dialled(pair)
 
-    async def start_tls(self) -> None:
+    async def start_tls(self, server_hostname: str | None = None, profile: str = "") -> None:
+        """The STARTTLS handshake: ``server_hostname`` is the SNI (None: none sent);
+        ``profile`` names what the handshake is made for (the policy level): a session is
+        only resumed for the same MX address, port, SNI and profile (``tlsresume``)."""
         server = self.transport
         if server is None:
             return
         services = self._services
+        resumption = services.resumption
+        host, port = self.destination
+        key = ResumeKey(host, port, server_hostname, profile)
+        remembered = resumption.cache.get(key, services.loop.time()) if resumption else None
         try:
             async with asyncio.timeout(services.settings.relay.timeouts.helo):
-                tls = await services.loop.start_tls(
-                    server, server.get_protocol(), services.tls_context, server_side=False
-                )
+                if resumption is None:
+                    tls = await services.loop.start_tls(
+                        server, server.get_protocol(), services.tls_context,
+                        server_side=False, server_hostname=server_hostname,
+                    )  # fmt: skip
+                else:
+                    offered = remembered.session if remembered is not None else None
+                    with resumption.lend(services.tls_context, offered) as context:
+                        tls = await services.loop.start_tls(
+                            server, server.get_protocol(), context,
+                            server_side=False, server_hostname=server_hostname,
+                        )  # fmt: skip
         except errors.TLS_ERRORS as exc:
+            if resumption is not None and remembered is not None:
+                resumption.cache.forget(key)  # the next attempt is a full handshake
             self.transport = None
             server.abort()
             self._feed(errors.tls_failed(exc))
@@ -148,9 +180,52 @@ class MxLeg:
         self.transport = tls
         ssl_object = tls.get_extra_info("ssl_object")
         cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
-        version = ssl_object.version() if ssl_object is not None else "?"
-        verified = services.chain_verifier.verify(ssl_object)
-        self._feed(ev.TlsStarted(version or "?", cipher[0], verified))
+        version = (ssl_object.version() if ssl_object is not None else None) or "?"
+        resumed = ssl_object is not None and ssl_object.session_reused
+        verifier = services.chain_verifier
+        if resumed and remembered is not None:
+            chain = remembered.chain  # the same session proves the same peer
+            verdict = remembered.verdict
+            if verdict is None or not verdict.holds(verifier, time.time()):
+                verdict = Verdict.of(verifier.verify_chain(chain), verifier, chain)
+        else:
+            resumed, remembered = False, None  # (a session not offered is not ours to trust)
+            chain = peer_chain(ssl_object) if ssl_object is not None else ()
+            verdict = Verdict(verifier.verify(ssl_object), verifier, 0.0)
+        self.tls_facts = TlsFacts(
+            tls=True, version=version, cipher=cipher[0], chain=chain, sni=server_hostname,
+            resumed=resumed,
+        )  # fmt: skip
+        if resumption is not None:
+            self._unsettled = (key, remembered, verdict)
+        self._feed(ev.TlsStarted(version, cipher[0], verdict.verified, resumed))
+
+    def tls_settled(self) -> None:
+        """The MX's first bytes over TLS have been read (its reply to the EHLO after
+        STARTTLS): a TLS 1.3 ticket has arrived by now. The session is remembered for
+        the next handshake with the same key, if it has a ticket (a resumed one only
+        when the remembered one is past half its life). The shell calls this when
+        ``settling`` is true and bytes from the MX arrive."""
+        unsettled, self._unsettled = self._unsettled, None
+        resumption, server = self._services.resumption, self.transport
+        if unsettled is None or resumption is None or server is None:
+            return
+        key, remembered, verdict = unsettled
+        now = self._services.loop.time()
+        if remembered is not None and now < remembered.refresh:
+            return  # resumed, and the session it resumed is still fresh
+        ssl_object = server.get_extra_info("ssl_object")
+        session = ssl_object.session if ssl_object is not None else None
+        if session is not None:
+            chain = self.tls_facts.chain
+            if verdict.until == 0.0:  # the full handshake's: dated now, for the cache
+                verdict = Verdict.of(verdict.verified, verdict.verifier, chain)
+            resumption.cache.put(key, session, chain, now, verdict)
+
+    @property
+    def settling(self) -> bool:
+        """A new TLS session waits for the MX's first reply to be remembered."""
+        return self._unsettled is not None
 
     # ------------------------------------------------------------ writes and close
     def write(self, data: bytes) -> bool:
@@ -183,6 +258,7 @@ class MxLeg:
         self.transport, self.hold = entry.transport, entry.hold
         self._outbound, self._source = entry.outbound, entry.source
         self._opened_at, self._sessions = entry.opened_at, entry.transactions
+        self.tls_facts = entry.tls_facts
         return act.ReusedUpstream(entry.state, entry.source, entry.transactions)
 
     def idle_entry(self, state: act.UpstreamState) -> Idle | None:
@@ -194,7 +270,7 @@ class MxLeg:
         entry = Idle(
             transport=server, hold=hold, state=state, source=self._source,
             outbound=self._outbound, opened_at=self._opened_at,
-            transactions=self._sessions + 1,
+            transactions=self._sessions + 1, tls_facts=self.tls_facts,
         )  # fmt: skip
         self._outbound = None  # the destination owns it now (and forgets it when it drops it)
         return entry
@@ -221,6 +297,7 @@ class MxLeg:
         self._source, self._opened_at, self._sessions = (
             entry.source, entry.opened_at, entry.sessions
         )  # fmt: skip
+        self.tls_facts = entry.tls_facts
         return act.ReusedUpstream(entry.state, entry.source, entry.sessions)
 
     def release(self, state: act.UpstreamState) -> None:
@@ -234,7 +311,7 @@ class MxLeg:
             return
         entry = Pooled(
             transport=server, state=state, source=self._source, outbound=self._outbound,
-            opened_at=self._opened_at, sessions=self._sessions + 1,
+            opened_at=self._opened_at, sessions=self._sessions + 1, tls_facts=self.tls_facts,
         )  # fmt: skip
         self._outbound = None  # the pool owns it now (and forgets it when it drops it)
         pool.put(key, entry, self._services.loop)

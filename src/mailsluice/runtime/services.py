@@ -2,7 +2,8 @@
 
 ``ConnectionServices`` is everything ``handler.ConnectionHandler`` and ``mxleg.MxLeg``
 use: where a connection goes (``route``), whether it may (``admit``), the TLS state
-toward MXes, the session log, the pool of idle MX connections, the filter chain, and
+toward MXes (the client context, the chain verifier, the sessions kept for resumption, the
+MX host name for SNI), the session log, the pool of idle MX connections, the filter chain, and
 the registry of live connections. The handler imports this interface only, never the
 server that builds it, so the runtime has no import cycle; tests can hand a handler a
 services object of their own.
@@ -31,6 +32,7 @@ from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.tlsmx import MxTls
+from mailsluice.runtime.tlsresume import Resumption
 from mailsluice.runtime.upstreampool import UpstreamPool
 from mailsluice.sessionlog import LogWriter
 from mailsluice.smtp.replies import Reply
@@ -59,6 +61,7 @@ class ConnectionServices(Protocol):
     tls_context: ssl.SSLContext
     chain_verifier: ChainVerifier
     mx_tls: MxTls  # the MX leg's TLS policy: allowed, required, SNI, the per-domain check
+    resumption: Resumption | None  # TLS sessions kept for the next handshake (None: off)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -78,6 +81,8 @@ class ConnectionServices(Protocol):
     def tls_allowed(self, destination: str, now: float) -> bool: ...
 
     def tls_failed(self, destination: str, now: float) -> None: ...
+
+    def tls_name_for(self, destination_ip: str) -> str | None: ...
 
     def dialled(self, pair: Outbound) -> None: ...
 
@@ -125,6 +130,7 @@ class Services:
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.tls_context = client_context()
         self.chain_verifier = ChainVerifier()
+        self.resumption = Resumption() if settings.tls.resumption else None
         self._tls_memory = TlsFailureMemory()
         self.connections: set[Registered] = set()
         self.connections_total = 0
@@ -197,6 +203,10 @@ class Services:
 
     def tls_failed(self, destination: str, now: float) -> None:
         self._tls_memory.record_failure(destination, now)
+
+    def tls_name_for(self, destination_ip: str) -> str | None:
+        """The MX host name learned by the TLS policy service, for SNI."""
+        return self.mx_tls.name_for(destination_ip)
 
     # ----------------------------------------------------------------- live connections
     def started(self, connection: Registered) -> None:

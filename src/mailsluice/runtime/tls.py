@@ -52,10 +52,16 @@ class ChainVerifier:
 
     def verify(self, ssl_object: Any) -> bool:
         """True when the peer's chain leads to a trusted root and is valid now."""
-        if self._store is None or ssl_object is None:
+        if ssl_object is None:
+            return False
+        return self.verify_chain(peer_chain(ssl_object))
+
+    def verify_chain(self, ders: tuple[bytes, ...]) -> bool:
+        """``verify`` for a chain already read (DER, leaf first): a resumed session's."""
+        if self._store is None:
             return False
         try:
-            chain = [x509.load_der_x509_certificate(der) for der in _unverified_chain(ssl_object)]
+            chain = [x509.load_der_x509_certificate(der) for der in ders]
         except Exception:  # a chain we cannot read is simply not verified
             return False
         if not chain:
@@ -70,6 +76,12 @@ class ChainVerifier:
         except (xv.VerificationError, ValueError):
             return False
         return True
+
+
+def peer_chain(ssl_object: Any) -> tuple[bytes, ...]:
+    """The chain the peer presented in this handshake (DER, leaf first; empty when the
+    session was resumed: no certificate is sent then)."""
+    return tuple(_unverified_chain(ssl_object))
 
 
 def _unverified_chain(ssl_object: Any) -> list[bytes]:

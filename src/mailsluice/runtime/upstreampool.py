@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay.actions import UpstreamState
 
 __all__ = ["PoolKey", "Pooled", "UpstreamPool"]
@@ -42,6 +43,7 @@ class Pooled:
     opened_at: float  # loop time of the dial
     sessions: int  # client sessions carried so far
     idle_since: float = 0.0  # loop time it came into the pool
+    tls_facts: TlsFacts = field(default_factory=TlsFacts.plaintext)  # its TLS, the chain shown
 
 
 class _IdleWatch(asyncio.Protocol):

@@ -401,6 +401,11 @@ VARIANTS: tuple[Variant, ...] = (
 )  # fmt: skip
 
 
+# what the TLS variants (``tlsvariants``) build on
+start_mailsluice = _mailsluice
+mailsluice_missing = _mailsluice_missing
+
+
 def variant(name: str) -> Variant:
     """The variant called `name`; KeyError when there is none."""
     for candidate in VARIANTS:

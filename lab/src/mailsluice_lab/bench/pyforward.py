@@ -5,6 +5,9 @@
 no SMTP, no log, no limits, no timeouts. It is not a product; the relay benchmark
 measures it (variant ``pyforward``) to show how much of nginx's throughput any
 Python/asyncio relay can reach on the machine, next to what mailsluice reaches.
+
+With ``--ehlo`` it turns the client's first command from HELO into EHLO (smtp-source only
+says HELO; STARTTLS needs EHLO): the TLS variants put it in front of mailsluice.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ class _Upstream(asyncio.Protocol):
 
 
 class _Client(asyncio.Protocol):
-    def __init__(self, group: asyncio.TaskGroup, upstream_port: int) -> None:
+    def __init__(self, group: asyncio.TaskGroup, upstream_port: int, ehlo: bool = False) -> None:
         self._group = group
         self._port = upstream_port
+        self._first_line: bytes | None = b"" if ehlo else None  # until the first command
         self._transport: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._early: list[bytes] = []  # client bytes before the upstream is connected
@@ -58,6 +62,13 @@ class _Client(asyncio.Protocol):
         self._early.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self._first_line is not None:  # --ehlo: the client's HELO goes on as EHLO
+            first = self._first_line + data
+            if b"\n" not in first:
+                self._first_line = first
+                return
+            self._first_line = None
+            data = b"EHLO " + first[5:] if first[:5].upper() == b"HELO " else first
         upstream = self._upstream
         if upstream is not None:
             upstream.write(data)
@@ -69,21 +80,22 @@ class _Client(asyncio.Protocol):
             self._upstream.close()
 
 
-async def serve(listen_port: int, upstream_port: int) -> None:
+async def serve(listen_port: int, upstream_port: int, ehlo: bool = False) -> None:
     loop = asyncio.get_running_loop()
     async with asyncio.TaskGroup() as group:
         server = await loop.create_server(
-            lambda: _Client(group, upstream_port), LOOPBACK, listen_port, backlog=1024
+            lambda: _Client(group, upstream_port, ehlo), LOOPBACK, listen_port, backlog=1024
         )
         async with server:
             await server.serve_forever()
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or not all(arg.isdigit() for arg in argv):
-        print("usage: python -m mailsluice_lab.bench.pyforward LISTEN_PORT UPSTREAM_PORT")
+    ehlo = argv[2:] == ["--ehlo"]
+    if len(argv) != 2 + ehlo or not all(arg.isdigit() for arg in argv[:2]):
+        print("usage: python -m mailsluice_lab.bench.pyforward LISTEN_PORT UPSTREAM_PORT [--ehlo]")
         return 2
-    coroutine = serve(int(argv[0]), int(argv[1]))
+    coroutine = serve(int(argv[0]), int(argv[1]), ehlo)
     try:
         import uvloop
 

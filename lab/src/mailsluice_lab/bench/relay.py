@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mailsluice_lab.bench.forwarders import VARIANTS, Context, Endpoint, remove_tree, variant
+from mailsluice_lab.bench.forwarders import VARIANTS, Context, Endpoint, Variant, remove_tree
 from mailsluice_lab.bench.report import build_report, format_table, machine_info
 from mailsluice_lab.bench.smtptools import SinkCounter, run_smtp_source, smtp_sink
+from mailsluice_lab.bench.tlsvariants import TLS_VARIANTS
 from mailsluice_lab.processes import (
     LabError,
     machine_cpu_share,
@@ -35,7 +36,16 @@ from mailsluice_lab.processes import (
     tree_peak_rss_kib,
 )
 
-DEFAULT_VIA = ",".join(v.name for v in VARIANTS)
+DEFAULT_VIA = ",".join(v.name for v in VARIANTS)  # the TLS variants only when named
+ALL_VARIANTS = (*VARIANTS, *TLS_VARIANTS)
+
+
+def variant(name: str) -> Variant:
+    """The variant called `name`; KeyError when there is none."""
+    for candidate in ALL_VARIANTS:
+        if candidate.name == name:
+            return candidate
+    raise KeyError(name)
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,7 @@ def parse_options(argv: list[str]) -> Options:
     parser.add_argument("--keep-workdir", action="store_true", help="keep configs and logs")
     args = parser.parse_args(argv)
     via = tuple(name.strip() for name in args.via.split(",") if name.strip())
-    known = {v.name for v in VARIANTS}
+    known = {v.name for v in ALL_VARIANTS}
     unknown = [name for name in via if name not in known]
     if unknown or not via:
         parser.error(f"unknown variant(s) {unknown or via}; choose from {', '.join(sorted(known))}")

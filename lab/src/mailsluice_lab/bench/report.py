@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from mailsluice_lab.bench.tlsreport import format_lines, tls_resumption
 from mailsluice_lab.processes import find_program
 
 # (numerator, denominator, goal or None): the figures issue 2 asks for come first.
@@ -139,15 +140,19 @@ def build_report(
 ) -> dict[str, object]:
     """The whole relay.json document."""
     summary = summarize(runs, via)
-    return {
+    report: dict[str, object] = {
         "benchmark": "relay",
         "started_at": started_at,
         "parameters": dict(parameters),
         "machine": dict(machine),
         "summary": summary,
         "ratios": ratios(summary),
-        "runs": list(runs),
     }
+    tls = tls_resumption(runs)  # the TLS variants (``tlsvariants``), when they ran
+    if tls is not None:
+        report["tls_resumption"] = tls
+    report["runs"] = list(runs)
+    return report
 
 
 def _fmt(value: object, spec: str, suffix: str = "") -> str:
@@ -167,7 +172,7 @@ def format_table(report: Mapping[str, object]) -> str:
         f"relay benchmark: {params['messages']} messages x {params['size']} bytes, "
         f"{params['sessions']} sessions, {per}, {params['repeat']} run(s) per variant, "
         f"nginx worker_processes {params['nginx_worker_processes']}",
-        f"{'variant':<17}{'status':<9}{'msg/s':>9}{'vs nginx':>10}{'vs postfix':>12}"
+        f"{'variant':<24}{'status':<9}{'msg/s':>9}{'vs nginx':>10}{'vs postfix':>12}"
         f"{'cpu s':>8}{'peak RSS':>11}",
     ]
     nginx, postfix = _rate(summary, "nginx"), _rate(summary, "postfix")
@@ -178,7 +183,7 @@ def format_table(report: Mapping[str, object]) -> str:
         vs_postfix = rate / postfix if rate and postfix else None
         rss = entry["peak_rss_kib_max"]
         lines.append(
-            f"{name:<17}{entry['status']!s:<9}{_fmt(rate, ',.0f'):>9}"
+            f"{name:<24}{entry['status']!s:<9}{_fmt(rate, ',.0f'):>9}"
             f"{_fmt(vs_nginx, '.2f', 'x'):>10}{_fmt(vs_postfix, '.2f', 'x'):>12}"
             f"{_fmt(entry['cpu_seconds_median'], '.1f'):>8}"
             f"{_fmt(rss / 1024 if isinstance(rss, int) else None, '.1f', ' MiB'):>11}"
@@ -194,6 +199,9 @@ def format_table(report: Mapping[str, object]) -> str:
             f"{key.replace('_vs_', ' / ')}: {_fmt(entry['value'], '.2f', 'x')} "
             f"(goal >= {entry['goal']}x: {verdict})"
         )
+    tls = report.get("tls_resumption")
+    if isinstance(tls, Mapping):
+        lines += format_lines(tls)
     for name, entry in summary.items():
         assert isinstance(entry, Mapping)
         for note in entry["notes"]:
