@@ -116,6 +116,7 @@ class ConnectionHandler:
             refusal = services.admit(peer[0], destination, sock)
         self.mx = MxLeg(services, destination, feed=self._feed, protocol=self._mx_side)
         dest = format_address(destination)
+        mx_ip = plain_host(destination[0])
         fair = services.destinations
         cached = None
         if fair is not None and refusal is None:
@@ -139,7 +140,8 @@ class ConnectionHandler:
             client=format_address(peer),
             destination=dest,
             source_ip=settings.outbound_ip,
-            tls_allowed=services.tls_allowed(dest, now),
+            tls_allowed=services.tls_allowed(dest, now) and services.mx_tls.allowed(mx_ip),
+            tls_required=refusal is None and services.mx_tls.required(mx_ip),
             refusal=refusal,
             reused=reused,
             may_release=services.pool is not None,
@@ -358,6 +360,8 @@ class ConnectionHandler:
                     self._fair.deferred(code, text)
             case act.TlsBroken():
                 self._services.tls_failed(format_address(self.destination), time.time())
+            case act.CheckTlsPolicy(domain):
+                self._jobs.add(partial(self._check_tls_policy, domain))
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
@@ -365,8 +369,23 @@ class ConnectionHandler:
         """The handshake with the MX: its host name for SNI when the TLS policy knows it;
         a session is resumed only for the same name and TLS mode (``MxLeg.start_tls``)."""
         services = self._services
-        name = services.tls_name_for(plain_host(self.destination[0]))
-        await self.mx.start_tls(name, profile=services.relay_config.tls.value)
+        mx_ip = plain_host(self.destination[0])
+        name = services.tls_name_for(mx_ip)
+        profile = "required" if services.mx_tls.required(mx_ip) else "may"
+        await self.mx.start_tls(name, profile=profile)
+
+    async def _check_tls_policy(self, domain: str) -> None:
+        """Does the MX connection meet ``domain``'s TLS policy (``runtime.tlsgate``)?"""
+        gate = self._services.mx_tls.gate
+        if gate is None:  # the relay asks only when there is a gate; answer anyway
+            self._feed(ev.TlsPolicyChecked(domain, True, None, f"{domain}: no policy"))
+            return
+        mx = self.mx
+        local = mx.transport.get_extra_info("sockname") if mx.transport is not None else None
+        sending = local[0] if local else (self._services.settings.outbound_ip or "")
+        answer = await gate.check(domain, plain_host(self.destination[0]), mx.tls_facts,
+                                  sending_ip=str(sending), now=time.time())  # fmt: skip
+        self._feed(answer)
 
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed
