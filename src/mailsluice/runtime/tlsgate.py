@@ -100,7 +100,15 @@ def describe(policy: Policy, verdict: Verdict, facts: TlsFacts) -> str:
     outcome = verdict.result.value
     if policy.testing and verdict.result is not Result.SUCCESS:
         outcome += " (testing: delivered)"
-    return f"{policy.describe()}: {outcome}{name} [{how}] {verdict.reason}".rstrip()
+    return f"{policy.describe()}: {outcome}{name} [{how}] {_why(policy, verdict)}".rstrip()
+
+
+def _why(policy: Policy, verdict: Verdict) -> str:
+    """The check's reason without its "domain (level, source): " head, said already."""
+    reason = verdict.reason
+    if reason.startswith(f"{policy.domain} (") and "): " in reason:
+        reason = reason.split("): ", 1)[1]
+    return reason
 
 
 def refusal(policy: Policy, verdict: Verdict, mx_ip: str) -> Reply:
@@ -108,6 +116,6 @@ def refusal(policy: Policy, verdict: Verdict, mx_ip: str) -> Reply:
     source = policy.source.value
     text = (
         f"{policy.domain}: TLS policy {policy.level.value} ({source}) not met by {mx_ip}: "
-        f"{verdict.reason or verdict.result.value}; try again later"
+        f"{_why(policy, verdict) or verdict.result.value}; try again later"
     )
     return Reply.make(451, "4.7.5", text)
