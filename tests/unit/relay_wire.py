@@ -95,6 +95,7 @@ def new_relay(
     tls_allowed: bool = True,
     reused: act.ReusedUpstream | None = None,
     may_release: bool = False,
+    client_tls: bool = False,
 ) -> Relay:
     return Relay(
         config=config or RelayConfig(),
@@ -106,6 +107,7 @@ def new_relay(
         refusal=refusal,
         reused=reused,
         may_release=may_release,
+        client_tls=client_tls,
         now=1_000.0,
     )
 

@@ -123,7 +123,7 @@ class BorrowedLease:
             reply = memo.hello_reply
         else:  # HELO: the greeting line of the capability list, alone
             reply = Reply(memo.hello_reply.code, memo.hello_reply.lines[:1])
-        self._relay.local(reply)
+        self._relay.local(reply, hello=command)
         return True
 
     def reachable(self) -> bool:

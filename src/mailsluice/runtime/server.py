@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from dataclasses import replace
 from types import TracebackType
@@ -32,7 +33,7 @@ from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
-from mailsluice.runtime import startup
+from mailsluice.runtime import clienttls, startup
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
 from mailsluice.runtime.handler import ClientProtocol
@@ -57,6 +58,7 @@ def _services(
     log_writer: LogWriter,
     chain: FilterChain | None,
     remembered: dict[tuple[str, str, int], int] | None = None,
+    client_tls: ssl.SSLContext | None = None,
 ) -> Services:
     """The services every connection of this worker shares."""
     local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
@@ -68,7 +70,7 @@ def _services(
         caps=limits.Caps(settings.max_connections, settings.max_connections_per_client),
         transparent=settings.upstream is None,
     )
-    return Services(settings, log_writer, admission, chain, remembered)
+    return Services(settings, log_writer, admission, chain, remembered, client_tls)
 
 
 def open_sinks(settings: Settings) -> LogWriter:
@@ -98,6 +100,7 @@ class Proxy:
 
     def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
+        client_tls = clienttls.server_context(settings)  # and a bad certificate
         if chain is not None and not settings.relay.filtering:  # settings built in code
             relay = replace(
                 settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
@@ -111,7 +114,7 @@ class Proxy:
             None if settings.shared_fair else state_path(settings.state_file, settings.log)
         )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
-        self.services = _services(settings, self.log_writer, chain, remembered)
+        self.services = _services(settings, self.log_writer, chain, remembered, client_tls)
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
@@ -273,6 +276,7 @@ def _run(settings: Settings) -> int:
     log_url = _log_url(settings)
     settings = replace(settings, log=log_url)  # one place for every worker
     open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
+    clienttls.server_context(settings)  # the self-signed pair too (the workers share it)
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     fair = settings.fair

@@ -57,6 +57,7 @@ class ConnectionServices(Protocol):
     pool: UpstreamPool | None
     tls_context: ssl.SSLContext
     chain_verifier: ChainVerifier
+    client_tls_context: ssl.SSLContext | None  # the client leg's STARTTLS (None: not offered)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -100,8 +101,10 @@ class Services:
         admission: Admission,
         filter_chain: FilterChain | None = None,
         remembered: dict[tuple[str, str, int], int] | None = None,
+        client_tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.settings = settings
+        self.client_tls_context = client_tls_context
         self.log_writer = log_writer
         self.admission = admission
         fair = settings.fair
