@@ -9,6 +9,11 @@ for them (the relay never asks for two waits at once), and ends when the relay c
 A job that raises is a bug of ours: ``421 4.3.0`` for this connection, never a crash of
 the server and never a 2xx.
 
+The client's STARTTLS (``StartClientTls``): the relay's 220 is written first, then the
+client transport is upgraded (``loop.start_tls(server_side=True)``, within
+``clienttls.HANDSHAKE_TIMEOUT``); nothing is read or written meanwhile, and the outcome
+goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
+
 Backpressure: a side whose write buffer is full pauses reading on the other side; a
 client that sends more than the relay will hold is paused until the relay catches up.
 Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from functools import partial
@@ -30,6 +36,7 @@ from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.runtime import errors
 from mailsluice.runtime.borrowing import Borrowing
+from mailsluice.runtime.clienttls import HANDSHAKE_TIMEOUT
 from mailsluice.runtime.dialer import plain_host
 from mailsluice.runtime.dialprobe import GreetingWatch
 from mailsluice.runtime.filterjob import FilterDriver
@@ -67,10 +74,28 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_fair",
-        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate",
-        "_server_blocked", "_services", "_timeout", "_timer", "_timer_on_server",
-        "_write_deadline", "mx", "relay",
+        "_client",
+        "_client_eof",
+        "_client_paused",
+        "_client_tls",
+        "_data_block",
+        "_deadline",
+        "_early",
+        "_fair",
+        "_filters",
+        "_jobs",
+        "_lingering",
+        "_loop",
+        "_max_backlog",
+        "_min_rate",
+        "_server_blocked",
+        "_services",
+        "_timeout",
+        "_timer",
+        "_timer_on_server",
+        "_write_deadline",
+        "mx",
+        "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
@@ -79,6 +104,8 @@ class ConnectionHandler:
         self._client: asyncio.Transport | None = client
         self._client_paused = False  # we stopped reading from the client
         self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
+        self._client_tls = False  # the client's TLS handshake is under way: no writes
+        self._early = bytearray()  # decrypted client bytes that came before start_tls returned
         self._server_blocked = False  # the MX is not reading what we write
         self._deadline = 0.0
         self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
@@ -145,6 +172,7 @@ class ConnectionHandler:
             may_release=services.pool is not None,
             borrowed=self._fair is not None,
             cached=cached,
+            client_tls=services.client_tls_context is not None,
             now=now,
         )
 
@@ -187,6 +215,13 @@ class ConnectionHandler:
         restarted by a partial line or a body chunk, only extended by the chunk's size at
         ``client_min_rate``; the relay restarts it (``SetTimer``) when a line completes.
         """
+        if from_client and self._client_tls:
+            # Reading was paused at StartClientTls: this is TLS data, decrypted, that the
+            # client sent right after its handshake (before start_tls returned to us).
+            self._early += data
+            if len(self._early) > self._max_backlog and self._client is not None:
+                self._client.abort()
+            return
         relay = self.relay
         if relay is None or relay.closed:
             lingering = self._lingering
@@ -288,7 +323,7 @@ class ConnectionHandler:
         # Commonest first: this runs for every chunk relayed.
         for action in actions:
             if isinstance(action, act.SendToClient):
-                if self._client is not None:
+                if self._client is not None and not self._client_tls:
                     self._client.write(action.data)
             elif isinstance(action, act.SendToServer):
                 server = self.mx.transport
@@ -313,13 +348,20 @@ class ConnectionHandler:
                 if self.mx.transport is not None:
                     self.mx.transport.pause_reading()
                 self._jobs.add(self.mx.start_tls)
+            case act.StartClientTls():
+                if self._client is not None:
+                    self._client.pause_reading()
+                    self._client_tls = True
+                self._jobs.add(self._start_client_tls)
             case act.CloseServer():
                 self.mx.close()
                 self._let_go()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:
-                    if linger:
+                    if self._client_tls:  # mid-handshake: nothing more can be said
+                        client.abort()
+                    elif linger:
                         self._linger(client)
                     else:
                         client.close()
@@ -358,6 +400,41 @@ class ConnectionHandler:
                 self._services.tls_failed(format_address(self.destination), time.time())
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    async def _start_client_tls(self) -> None:
+        """Upgrade the client to TLS (the 220 is already written): ``StartClientTls``."""
+        client = self._client
+        context = self._services.client_tls_context
+        if client is None or context is None or client.is_closing():
+            self._client_tls = False
+            return
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                tls = await self._loop.start_tls(
+                    client, client.get_protocol(), context, server_side=True,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+                )  # fmt: skip
+        except (*errors.TLS_ERRORS, ssl.SSLError) as exc:
+            self._client_tls = False
+            if self._client is client:
+                self._client = None
+            client.abort()
+            reason = "handshake timeout" if isinstance(exc, TimeoutError) else str(exc)
+            self._feed(ev.ClientTlsFailed(reason or type(exc).__name__))
+            return
+        self._client_tls = False
+        if tls is None or self._client is not client:  # closed meanwhile
+            if tls is not None:
+                tls.abort()
+            return
+        self._client = tls
+        ssl_object = tls.get_extra_info("ssl_object")
+        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
+        version = ssl_object.version() if ssl_object is not None else None
+        self._feed(ev.ClientTlsStarted(version or "?", cipher[0]))
+        early, self._early = bytes(self._early), bytearray()
+        if early:
+            self.on_data(True, early)
 
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed
