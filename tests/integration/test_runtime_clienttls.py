@@ -127,7 +127,8 @@ def test_a_missing_certificate_names_the_keys_and_the_fix(tmp_path: Path) -> Non
             settings_for(tmp_path, client_tls_cert=str(missing), client_tls_key=str(missing))
         )
     text = str(caught.value)
-    assert "client_tls_cert" in text and "client_tls_key" in text
+    assert "client_tls_cert" in text
+    assert "client_tls_key" in text
     assert str(missing) in text
     assert "remove both keys for a self-signed pair" in text
 
