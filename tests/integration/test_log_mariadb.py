@@ -195,7 +195,8 @@ def test_a_newer_schema_is_refused(mariadb_database: str, mariadb_server: MariaD
     )
     with pytest.raises(
         SessionLogError,
-        match=r"newer mailsluice \(schema 99, this version knows up to 1\); upgrade mailsluice "
+        match=rf"newer mailsluice \(schema 99, this version knows up to {SCHEMA_VERSION}\); "
+        "upgrade mailsluice "
         "or point log at another database",
     ):
         MysqlBackend(mariadb_database)

@@ -185,7 +185,8 @@ def test_a_newer_schema_is_refused(pg_database: str, postgres_server: PgServer) 
     postgres_server.sql("INSERT INTO mailsluice_schema (version) VALUES (99)", database=db)
     with pytest.raises(
         SessionLogError,
-        match=r"newer mailsluice \(schema 99, this version knows up to 1\); upgrade mailsluice "
+        match=rf"newer mailsluice \(schema 99, this version knows up to {SCHEMA_VERSION}\); "
+        "upgrade mailsluice "
         "or point log at another database",
     ):
         PostgresBackend(pg_database)

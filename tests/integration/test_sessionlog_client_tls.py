@@ -1,5 +1,6 @@
-"""The client leg's TLS facts in the session log: written and read back by SQLite and JSONL,
-an older SQLite log (schema 1) migrated in place, and shown by ``sessions``/``transcript``."""
+"""The client leg's TLS facts in the session log: written and read back by every backend
+(SQLite, JSONL, PostgreSQL, MariaDB), an older SQLite log (schema 1) migrated in place, and
+shown by ``sessions``/``transcript``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from tests.support import mariadb as mariadb_support
+from tests.support import postgres as pg_support
+from tests.support.log_corpus import write as write_to
 from tests.support.log_session import T0, session
 
 from mailsluice.relay.records import Record, SessionClosed
@@ -16,6 +20,11 @@ from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
 from mailsluice.sessionlog.sqlite import _SCHEMA_V1
 
 pytestmark = pytest.mark.integration
+
+postgres_server = pg_support.postgres_server
+pg_database = pg_support.pg_database
+mariadb_server = mariadb_support.mariadb_server
+mariadb_database = mariadb_support.mariadb_database
 
 CIPHER = "ECDHE-ECDSA-AES256-GCM-SHA384"
 
@@ -44,8 +53,31 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"{request.param}:{tmp_path}/log.{suffix}"
 
 
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_client_tls_in_the_databases(request: pytest.FixtureRequest, backend: str) -> None:
+    if backend == "postgresql":
+        from mailsluice.sessionlog.postgres import PostgresBackend
+
+        url = request.getfixturevalue("pg_database")
+        write_to(PostgresBackend(url), _both(), 10)
+    else:
+        from mailsluice.sessionlog.mysql import MysqlBackend
+
+        url = request.getfixturevalue("mariadb_database")
+        write_to(MysqlBackend(url), _both(), 10)
+    _check(url)
+
+
+def _both() -> list[Record]:
+    return with_client_tls(session("tls", T0)) + session("plain", T0 + 60)
+
+
 def test_client_tls_is_written_and_read_back(url: str) -> None:
-    write(url, with_client_tls(session("tls", T0)) + session("plain", T0 + 60))
+    write(url, _both())
+    _check(url)
+
+
+def _check(url: str) -> None:
     found = {s["id"]: s for s in list_sessions(url, 10)}
     assert (found["tls"]["client_tls_version"], found["tls"]["client_tls_cipher"]) == (
         "TLSv1.2",

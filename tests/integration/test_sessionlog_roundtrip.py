@@ -70,6 +70,8 @@ def test_single_session_round_trip(url: str) -> None:
         "tls_version": "TLSv1.3",
         "tls_cipher": "TLS_AES_256_GCM_SHA384",
         "tls_verified": True,
+        "client_tls_version": None,
+        "client_tls_cipher": None,
         "messages": 1,
         "bytes": 1000,
         "final_code": 221,

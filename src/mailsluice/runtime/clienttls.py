@@ -77,7 +77,7 @@ def server_context(settings: Settings) -> ssl.SSLContext | None:
     if directory is not None:
         cert, key = self_signed_pair(directory, hostname)
         return build_context(settings, cert, key, made=True)
-    log.warning(
+    log.info(  # (at the level of "listening on": a warning would come before it)
         "client_tls: no place to keep a self-signed certificate (the session log is not a "
         "file and state_file is unset): using a throw-away one for this process; set "
         "client_tls_cert and client_tls_key, or state_file, to keep one"
