@@ -74,28 +74,10 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client",
-        "_client_eof",
-        "_client_paused",
-        "_client_tls",
-        "_data_block",
-        "_deadline",
-        "_early",
-        "_fair",
-        "_filters",
-        "_jobs",
-        "_lingering",
-        "_loop",
-        "_max_backlog",
-        "_min_rate",
-        "_server_blocked",
-        "_services",
-        "_timeout",
-        "_timer",
-        "_timer_on_server",
-        "_write_deadline",
-        "mx",
-        "relay",
+        "_client", "_client_eof", "_client_paused", "_client_tls", "_data_block", "_deadline",
+        "_early", "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog",
+        "_min_rate", "_server_blocked", "_services", "_timeout", "_timer", "_timer_on_server",
+        "_write_deadline", "mx", "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
