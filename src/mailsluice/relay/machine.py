@@ -46,6 +46,7 @@ from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
 from mailsluice.relay.state import (
     Await,
+    ClientTls,
     Input,
     Link,
     Message,
@@ -73,6 +74,7 @@ _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NO
 _DATA_WAITS = (Owed.DATA, Owed.OUR_DATA)  # DATA is out, its reply not yet given
 _BYE = Reply.make(221, "2.0.0", "Bye")
 _CONNECTED = (Link.SETUP, Link.OPEN, Link.HANDSHAKE)
+_HANDSHAKE = ClientTls.HANDSHAKE  # the client's TLS handshake (a global: the hot path)
 
 
 class Relay:
@@ -270,7 +272,7 @@ class Relay:
             return
         if state.input is Input.DISCARDED:
             return  # the session ends once the replies owed are out
-        if self._client_tls.handshaking:  # plaintext after STARTTLS: never read
+        if state.client_tls is _HANDSHAKE:  # plaintext after STARTTLS: never read
             self._client_tls.discard(len(data))
             return
         owed = state.owed
