@@ -365,6 +365,9 @@ def postfix_tenant(tenant: Tenant, name: str, *, cache: bool) -> PostfixMSA:
             ip for ip, _ in MX_LISTENERS.values()
         )
         settings["smtp_destination_concurrency_limit"] = "1"
+        # mailsluice offers STARTTLS to its tenants: Postfix caches a TLS connection only
+        # through its tlsproxy (by default it closes it after each delivery)
+        settings["smtp_tls_connection_reuse"] = "yes"
     return PostfixMSA(
         relayhost=None,
         name=name,
