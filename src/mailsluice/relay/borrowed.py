@@ -158,6 +158,7 @@ class BorrowedLease:
     def granted(self) -> None:
         state = self._state
         state.move_link(Link.DIALLING)
+        self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
         if not state.awaiting:  # ours to set up (at first contact the client's greeting)
             state.awaiting.append(Sent(Await.GREETING))
 
