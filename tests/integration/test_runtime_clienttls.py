@@ -154,3 +154,22 @@ def test_an_unusable_place_names_the_fix(tmp_path: Path) -> None:
     settings = replace(settings_for(tmp_path), log=f"sqlite:{blocked / 'sessions.db'}")
     with pytest.raises(ConfigError, match="client_tls_cert and client_tls_key are unset"):
         server_context(settings)
+
+
+def test_check_config_loads_the_operators_pair_and_makes_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mailsluice.cli import main
+
+    missing = tmp_path / "nowhere.pem"
+    config = tmp_path / "mailsluice.toml"
+    config.write_text(
+        f'log = "sqlite:{tmp_path / "sessions.db"}"\n'
+        f'client_tls_cert = "{missing}"\nclient_tls_key = "{missing}"\n'
+    )
+    assert main(["check-config", str(config)]) == 2
+    assert "client_tls_cert" in capsys.readouterr().err
+    config.write_text(f'log = "sqlite:{tmp_path / "sessions.db"}"\n')
+    assert main(["check-config", str(config)]) == 0
+    assert "client TLS self-signed" in capsys.readouterr().out
+    assert not (tmp_path / KEY_NAME).exists()

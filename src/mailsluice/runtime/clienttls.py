@@ -46,6 +46,7 @@ __all__ = [
     "HANDSHAKE_TIMEOUT",
     "KEY_NAME",
     "build_context",
+    "check",
     "pair_directory",
     "self_signed_pair",
     "server_context",
@@ -85,6 +86,21 @@ def server_context(settings: Settings) -> ssl.SSLContext | None:
     with tempfile.TemporaryDirectory(prefix="mailsluice-tls-") as scratch:
         cert, key = self_signed_pair(Path(scratch), hostname)
         return build_context(settings, cert, key, made=True)
+
+
+def check(settings: Settings) -> str:
+    """For ``check-config``: load the operator's pair and the suites (``ConfigError`` when
+    they cannot be used), without making any file; what the client leg will offer."""
+    tls = settings.tls
+    if not tls.client_tls:
+        return "client TLS off"
+    if tls.client_tls_cert and tls.client_tls_key:
+        build_context(settings, Path(tls.client_tls_cert), Path(tls.client_tls_key))
+        return f"client TLS with {tls.client_tls_cert}"
+    with tempfile.TemporaryDirectory(prefix="mailsluice-tls-") as scratch:
+        cert, key = self_signed_pair(Path(scratch), settings.relay.hostname)
+        build_context(settings, cert, key, made=True)  # (the suites)
+    return "client TLS self-signed"
 
 
 def build_context(
