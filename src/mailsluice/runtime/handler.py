@@ -9,10 +9,11 @@ for them (the relay never asks for two waits at once), and ends when the relay c
 A job that raises is a bug of ours: ``421 4.3.0`` for this connection, never a crash of
 the server and never a 2xx.
 
-The client's STARTTLS (``StartClientTls``): the relay's 220 is written first, then the
-client transport is upgraded (``loop.start_tls(server_side=True)``, within
-``clienttls.HANDSHAKE_TIMEOUT``); nothing is read or written meanwhile, and the outcome
-goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
+The client's STARTTLS (``StartClientTls``): the relay's 220 is written first, then TLS
+takes the client's connection over at once (``tlstransport.ServerTlsTransport``: every
+later byte is TLS, and the client's half-close still lets our replies out); the
+handshake has ``clienttls.HANDSHAKE_TIMEOUT``, nothing is written meanwhile, and the
+outcome goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
 
 Backpressure: a side whose write buffer is full pauses reading on the other side; a
 client that sends more than the relay will hold is paused until the relay catches up.
@@ -45,6 +46,7 @@ from mailsluice.runtime.linger import LingeringClose
 from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import Side, format_address
+from mailsluice.runtime.tlstransport import ServerTlsTransport
 
 __all__ = ["ClientProtocol", "ConnectionHandler"]
 
@@ -87,7 +89,7 @@ class ConnectionHandler:
         self._client_paused = False  # we stopped reading from the client
         self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
         self._client_tls = False  # the client's TLS handshake is under way: no writes
-        self._early = bytearray()  # decrypted client bytes that came before start_tls returned
+        self._early = bytearray()  # client bytes decrypted before the handshake was reported
         self._server_blocked = False  # the MX is not reading what we write
         self._deadline = 0.0
         self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
@@ -198,8 +200,8 @@ class ConnectionHandler:
         ``client_min_rate``; the relay restarts it (``SetTimer``) when a line completes.
         """
         if from_client and self._client_tls:
-            # Reading was paused at StartClientTls: this is TLS data, decrypted, that the
-            # client sent right after its handshake (before start_tls returned to us).
+            # TLS data, decrypted, that the client sent right after its handshake (before
+            # the handshake's end was reported to the relay): given to it after that.
             self._early += data
             if len(self._early) > self._max_backlog and self._client is not None:
                 self._client.abort()
@@ -331,10 +333,15 @@ class ConnectionHandler:
                     self.mx.transport.pause_reading()
                 self._jobs.add(self.mx.start_tls)
             case act.StartClientTls():
-                if self._client is not None:
-                    self._client.pause_reading()
+                client, context = self._client, self._services.client_tls_context
+                if client is not None and context is not None and not client.is_closing():
                     self._client_tls = True
-                self._jobs.add(self._start_client_tls)
+                    side = cast(asyncio.Protocol, client.get_protocol())
+                    tls = ServerTlsTransport(self._loop, client, context, side)
+                    self._client = tls
+                    self._jobs.add(partial(self._client_handshake, tls))
+                else:  # (gone, or a bug of ours: no context, yet TLS was offered)
+                    self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
             case act.CloseServer():
                 self.mx.close()
                 self._let_go()
@@ -383,36 +390,24 @@ class ConnectionHandler:
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
-    async def _start_client_tls(self) -> None:
-        """Upgrade the client to TLS (the 220 is already written): ``StartClientTls``."""
-        client = self._client
-        context = self._services.client_tls_context
-        if client is None or context is None or client.is_closing():
-            self._client_tls = False
-            return
+    async def _client_handshake(self, tls: ServerTlsTransport) -> None:
+        """The client's TLS handshake (``StartClientTls``), within its deadline."""
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                tls = await self._loop.start_tls(
-                    client, client.get_protocol(), context, server_side=True,
-                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
-                )  # fmt: skip
+                await tls.handshake
         except (*errors.TLS_ERRORS, ssl.SSLError) as exc:
             self._client_tls = False
-            if self._client is client:
+            if self._client is tls:
                 self._client = None
-            client.abort()
+            tls.abort()
             reason = "handshake timeout" if isinstance(exc, TimeoutError) else str(exc)
             self._feed(ev.ClientTlsFailed(reason or type(exc).__name__))
             return
         self._client_tls = False
-        if tls is None or self._client is not client:  # closed meanwhile
-            if tls is not None:
-                tls.abort()
+        if self._client is not tls:  # closed meanwhile
             return
-        self._client = tls
-        ssl_object = tls.get_extra_info("ssl_object")
         cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
-        version = ssl_object.version() if ssl_object is not None else None
+        version = tls.get_extra_info("ssl_object").version()
         self._feed(ev.ClientTlsStarted(version or "?", cipher[0]))
         early, self._early = bytes(self._early), bytearray()
         if early:
