@@ -9,6 +9,8 @@ the proxy's hostname (``mailsluice``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from mailsluice.runtime import handler
 from mailsluice.runtime.clienttls import CERT_NAME
 from mailsluice.runtime.server import Proxy
 from mailsluice.tlsconfig import TlsSettings
-from mailsluice_lab.peers.client import RawSMTPClient
+from mailsluice_lab.peers.client import RawSMTPClient, data_block
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 
@@ -230,3 +232,86 @@ def test_the_client_leg_works_on_uvloop(tmp_path: Path) -> None:
     assert codes == [250, 250, 354, 250]
     [session] = sessions(tmp_path)
     assert session["client_tls_version"] == version
+
+
+def _send_then_close_notify(port: int, cafile: Path, token: str) -> bytes:
+    """What Exim does in TLS: the message, "." and QUIT in one write, then its close_notify
+    and a TCP half-close; then it reads the replies. Returns what it read after that."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    with socket.create_connection(("127.0.0.1", port), timeout=5.0) as sock:
+        plain = sock.makefile("rb")
+
+        def reply() -> bytes:
+            lines = [plain.readline()]
+            while lines[-1][3:4] == b"-":
+                lines.append(plain.readline())
+            return b"".join(lines)
+
+        assert reply().startswith(b"220")
+        sock.sendall(b"EHLO client.test\r\n")
+        assert b"STARTTLS" in reply()
+        sock.sendall(b"STARTTLS\r\n")
+        assert reply().startswith(b"220")
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing, server_hostname=HOSTNAME)
+
+        def pump() -> None:
+            sock.sendall(outgoing.read())
+            data = sock.recv(65536)
+            incoming.write(data) if data else incoming.write_eof()
+
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pump()
+        sock.sendall(outgoing.read())
+        message = make_message(token)
+        tls.write(
+            b"EHLO client.test\r\nMAIL FROM:<s@client.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n"
+        )
+        sock.sendall(outgoing.read())
+        got = b""
+        while b"354 " not in got:
+            try:
+                got += tls.read(65536)
+            except ssl.SSLWantReadError:
+                pump()
+        tls.write(data_block(message) + b"QUIT\r\n")
+        with contextlib.suppress(ssl.SSLWantReadError):
+            tls.unwrap()  # our close_notify (the proxy's is not waited for here)
+        sock.sendall(outgoing.read())
+        sock.shutdown(socket.SHUT_WR)
+        after = b""
+        while True:
+            try:
+                chunk = tls.read(65536)
+            except ssl.SSLWantReadError:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                incoming.write(data)
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+            if not chunk:
+                break
+            after += chunk
+        return after
+
+
+async def test_replies_still_reach_a_client_that_closed_tls_after_quit(
+    proxy_factory: Any, tmp_path: Path
+) -> None:
+    """The client's close_notify and FIN right after "." and QUIT are its half-close: the
+    MX's 250 and the 221 still reach it, encrypted (else it would send the message again)."""
+    token = new_token()
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=ON) as proxy:
+        after = await asyncio.to_thread(
+            _send_then_close_notify, proxy.port, tmp_path / CERT_NAME, token
+        )
+    assert b"250 2.0.0" in after, after
+    assert b"221" in after, after
+    [stored] = mx.ledger.messages
+    assert stored.mail_from == "s@client.test"
