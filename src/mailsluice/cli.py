@@ -284,6 +284,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             watchers = build_watchers(settings)
         except BuildError as exc:
             raise ConfigError(f"{args.file}: {exc}") from None
+        from mailsluice.runtime.clienttls import check as check_client_tls
+
+        try:  # the client leg's certificate, key and suites (no file is made)
+            client_tls = check_client_tls(settings)
+        except ConfigError as exc:
+            raise ConfigError(f"{args.file}: {exc}") from None
         mode = f"upstream {settings.upstream}" if settings.upstream else "transparent"
         extras = "".join(
             f", {label}"
@@ -291,6 +297,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 (f"filters: {', '.join(chain.names)}" if chain else "", chain is not None),
                 (f"{len(watchers)} watching plugin(s)", bool(watchers)),
                 (f"{len(settings.log_sinks)} extra log sink(s)", bool(settings.log_sinks)),
+                (client_tls, True),
             )
             if present
         )

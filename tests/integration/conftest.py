@@ -14,6 +14,7 @@ from mailsluice.config import HostPort, Settings
 from mailsluice.fairconfig import FairSettings
 from mailsluice.relay.config import RelayConfig, Timeouts
 from mailsluice.runtime.server import Proxy
+from mailsluice.tlsconfig import TlsSettings
 
 ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
 
@@ -25,7 +26,9 @@ def proxy_factory(tmp_path: Path) -> ProxyFactory:
     Listens on 127.0.0.1 (free port), relays to the given upstream, logs to SQLite in
     ``tmp_path``. Relay settings (``bare_newline=...``, ``timeouts=Timeouts(...)``) and
     top-level settings (``settings=dict(...)``) can be overridden; ``fair=FairSettings()``
-    turns fair sharing (late binding) on, which the product has on by default.
+    turns fair sharing (late binding) on, which the product has on by default. Likewise the
+    client leg's STARTTLS (on in the product) is off unless ``settings=dict(tls=...)``
+    says otherwise (``test_proxy_client_tls.py``): the relay's suites check exact EHLO lists.
     """
 
     @asynccontextmanager
@@ -48,6 +51,7 @@ def proxy_factory(tmp_path: Path) -> ProxyFactory:
             # the relay's own suites run with a connection per session; fair sharing (on
             # in the product) is given explicitly by its tests (test_proxy_fair*.py)
             fair=fair if fair is not None else FairSettings(enabled=False),
+            tls=TlsSettings(client_tls=False),
         )
         if settings:
             config = replace(config, **settings)

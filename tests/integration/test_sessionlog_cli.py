@@ -80,8 +80,8 @@ def test_sessions_table(url: str) -> None:
     assert print_sessions(url, as_json=False, limit=10, out=out, err=err) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].split() == [
-        "STARTED", "(UTC)", "ID", "CLIENT", "DESTINATION", "FROM", "RCPT", "TLS", "MSGS",
-        "BYTES", "CODE", "354MS",
+        "STARTED", "(UTC)", "ID", "CLIENT", "DESTINATION", "FROM", "RCPT", "CLIENT-TLS", "TLS",
+        "MSGS", "BYTES", "CODE", "354MS",
     ]  # fmt: skip
     assert len(lines) == 3
     assert lines[1].startswith("2024-05-01 12:01:00  4567efgh  10.1.2.3:50000  192.0.2.25:25  <>")

@@ -70,6 +70,8 @@ def test_single_session_round_trip(url: str) -> None:
         "tls_version": "TLSv1.3",
         "tls_cipher": "TLS_AES_256_GCM_SHA384",
         "tls_verified": True,
+        "client_tls_version": None,
+        "client_tls_cipher": None,
         "messages": 1,
         "bytes": 1000,
         "final_code": 221,
@@ -232,7 +234,7 @@ def test_sqlite_schema(tmp_path: Path) -> None:
     write(f"sqlite:{path}", session("s", T0))
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert "sessions_started_at" in indexes

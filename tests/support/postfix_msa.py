@@ -76,6 +76,7 @@ anvil     unix  -       -       n       -       1       anvil
 scache    unix  -       -       n       -       1       scache
 postlog   unix-dgram n  -       n       -       1       postlogd
 tlsmgr    unix  -       -       n       1000?   1       tlsmgr
+tlsproxy  unix  -       -       n       -       0       tlsproxy
 virtual   unix  -       n       n       -       -       virtual
 """
 

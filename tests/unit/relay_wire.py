@@ -96,6 +96,7 @@ def new_relay(
     tls_required: bool = False,
     reused: act.ReusedUpstream | None = None,
     may_release: bool = False,
+    client_tls: bool = False,
 ) -> Relay:
     return Relay(
         config=config or RelayConfig(),
@@ -108,6 +109,7 @@ def new_relay(
         refusal=refusal,
         reused=reused,
         may_release=may_release,
+        client_tls=client_tls,
         now=1_000.0,
     )
 

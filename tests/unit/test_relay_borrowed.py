@@ -420,3 +420,34 @@ def test_shutdown_ends_a_first_contact_waiting_for_its_greeting() -> None:
         << act.CloseClient()
     )
     assert book
+
+
+def test_every_new_connection_is_upgraded_to_tls_not_only_the_first() -> None:
+    """A session's second connection (the first went back after its transaction) is a new
+    TCP connection: the proxy says STARTTLS on it too, whatever the first one had."""
+    after_tls = act.UpstreamState(
+        reply(GREETING), "EHLO client.example", reply(EHLO_AFTER_TLS_SHOWN), ("TLSv1.3", "X", True)
+    )
+    refused = b"550 5.7.1 not this one\r\n"
+
+    def new_connection(book: Playbook) -> Playbook:
+        return (
+            book
+            << act.AcquireServer()
+            >> ev.ServerGranted()
+            >> CONNECTED
+            >> s(GREETING)
+            << to_s(EHLO)
+            >> s(EHLO_TLS)
+            << to_s(b"STARTTLS\r\n")
+            >> s(b"220 2.0.0 Ready\r\n")
+            << act.StartServerTls()
+            >> ev.TlsStarted("TLSv1.3", "X", True)
+            << to_s(EHLO)
+            >> s(EHLO_AFTER_TLS)
+            << to_s(MAIL)
+        )
+
+    book = new_connection(greeted_from_memory() >> c(MAIL))
+    book >> s(refused) << to_c(refused) << act.ReleaseServer(after_tls)
+    assert new_connection(book >> c(MAIL))

@@ -41,6 +41,7 @@ class Account:
         "_lines",
         "_seq",
         "_txn_seq",
+        "client_tls",
         "connect_to_354_ms",
         "final_code",
         "helo",
@@ -57,6 +58,7 @@ class Account:
         self.opened_at = opened_at
         self.helo: str | None = None
         self.tls: tuple[str, str, bool] | None = None  # version, cipher, verified
+        self.client_tls: tuple[str, str] | None = None  # the client leg's: version, cipher
         self.messages = 0
         self.relayed_bytes = 0
         self.final_code: int | None = None
@@ -131,7 +133,7 @@ class Account:
         )
 
     def closed(self, reason: str, now: float) -> SessionClosed:
-        tls = self.tls
+        tls, client_tls = self.tls, self.client_tls
         return SessionClosed(
             session_id=self.session_id,
             at=now,
@@ -144,6 +146,8 @@ class Account:
             final_code=self.final_code,
             connect_to_354_ms=self.connect_to_354_ms,
             reason=reason,
+            client_tls_version=client_tls[0] if client_tls else None,
+            client_tls_cipher=client_tls[1] if client_tls else None,
         )
 
 

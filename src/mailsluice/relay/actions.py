@@ -29,6 +29,13 @@ class StartServerTls:
 
 
 @dataclass(frozen=True, slots=True)
+class StartClientTls:
+    """Upgrade the client connection to TLS (server side) now, after writing what came
+    before (the 220); read nothing from the client meanwhile. Answer with
+    ``ClientTlsStarted`` or ``ClientTlsFailed``."""
+
+
+@dataclass(frozen=True, slots=True)
 class CloseServer:
     """Close the upstream connection now (aborts any MX transaction in progress)."""
 
@@ -173,6 +180,7 @@ Action = (
     | SendToServer
     | ConnectServer
     | StartServerTls
+    | StartClientTls
     | CloseServer
     | CloseClient
     | SetTimer

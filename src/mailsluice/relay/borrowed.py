@@ -123,7 +123,7 @@ class BorrowedLease:
             reply = memo.hello_reply
         else:  # HELO: the greeting line of the capability list, alone
             reply = Reply(memo.hello_reply.code, memo.hello_reply.lines[:1])
-        self._relay.local(reply)
+        self._relay.local(reply, hello=command)
         return True
 
     def reachable(self) -> bool:
@@ -158,6 +158,7 @@ class BorrowedLease:
     def granted(self) -> None:
         state = self._state
         state.move_link(Link.DIALLING)
+        self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
         if not state.awaiting:  # ours to set up (at first contact the client's greeting)
             state.awaiting.append(Sent(Await.GREETING))
 

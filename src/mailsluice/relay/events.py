@@ -92,6 +92,22 @@ class TlsPolicyChecked:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientTlsStarted:
+    """The client leg's handshake succeeded (answers ``StartClientTls``)."""
+
+    version: str  # e.g. "TLSv1.3"
+    cipher: str  # e.g. "TLS_AES_256_GCM_SHA384"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTlsFailed:
+    """The client leg's handshake failed or timed out: nothing can be said to the client
+    (its connection is neither plaintext nor TLS any more); the session ends."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class TimerExpired:
     """The deadline set by the last ``SetTimer`` passed."""
 
@@ -140,6 +156,8 @@ Event = (
     | TlsStarted
     | TlsFailed
     | TlsPolicyChecked
+    | ClientTlsStarted
+    | ClientTlsFailed
     | TimerExpired
     | ShutdownRequested
     | ShutdownForced

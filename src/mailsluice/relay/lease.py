@@ -159,7 +159,7 @@ class DedicatedLease:
         if first and idle and memo is not None and memo[0] == _hello_text(command):
             self._out.account.helo = address_text(command.argument)
             self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
-            self._relay.local(memo[1])
+            self._relay.local(memo[1], hello=command)
             return True
         self._hello = None  # until the MX's positive reply to the one that goes out
         return False

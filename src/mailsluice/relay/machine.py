@@ -24,8 +24,9 @@ The rules that never bend, and where they are enforced:
 
 Collaborators, each writing to the same ``outbox.Outbox``: ``upgrade.TlsUpgrade`` (EHLO
 and STARTTLS toward the MX), the data phase chosen at construction
-(``streaming.StreamingData`` or ``filtered.FilteredData``), and the upstream lease
-(``lease.DedicatedLease``). The state and its legal moves are in ``state``.
+(``streaming.StreamingData`` or ``filtered.FilteredData``), the upstream lease
+(``lease.DedicatedLease``) and the client leg's STARTTLS (``clienttls.ClientStartTls``).
+The state and its legal moves are in ``state``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from mailsluice.relay import events as ev
 from mailsluice.relay.accounting import Account, address_text
 from mailsluice.relay.body import BodyIntake, DataPhase
 from mailsluice.relay.borrowed import BorrowedLease
+from mailsluice.relay.clienttls import ClientStartTls
 from mailsluice.relay.config import RelayConfig, Timeouts
 from mailsluice.relay.filtered import FilteredData
 from mailsluice.relay.lease import DedicatedLease, Lease
@@ -44,6 +46,7 @@ from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
 from mailsluice.relay.state import (
     Await,
+    ClientTls,
     Input,
     Link,
     Message,
@@ -72,13 +75,15 @@ _TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NO
 _DATA_WAITS = (Owed.DATA, Owed.OUR_DATA)  # DATA is out, its reply not yet given
 _BYE = Reply.make(221, "2.0.0", "Bye")
 _CONNECTED = (Link.SETUP, Link.OPEN, Link.HANDSHAKE)
+_HANDSHAKE = ClientTls.HANDSHAKE  # the client's TLS handshake (a global: the hot path)
 
 
 class Relay:
     """The state machine of one relayed session; see the module docstring."""
 
-    __slots__ = ("_cfg", "_client_desc", "_client_lines", "_data", "_host", "_lease",
-                 "_line_done", "_out", "_policy", "_refusal", "_replies", "_server_lines",
+    __slots__ = ("_cfg", "_client_desc", "_client_lines", "_client_tls", "_data", "_host",
+                 "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
+                 "_server_lines",
                  "_state", "_timer", "_upgrade")  # fmt: skip
 
     def __init__(
@@ -96,13 +101,14 @@ class Relay:
         may_release: bool = False,
         borrowed: bool = False,
         cached: act.UpstreamState | None = None,
+        client_tls: bool = False,
         now: float,
     ) -> None:
         self._cfg = config
         self._host = config.hostname
         self._client_desc = (client, destination, source_ip)
         self._refusal = refusal
-        self._state = state = RelayState()
+        self._state = state = RelayState(client_tls=client_tls)
         state.mx_heard_at = now
         self._out = out = Outbox(Account(session_id, now), now)
         self._client_lines = LineFramer(config.max_command_line)
@@ -127,6 +133,7 @@ class Relay:
             remember=self._lease.remember_hello,
         )  # fmt: skip
         self._policy = PolicyChecks(state, out, self, enabled=config.tls_checks)
+        self._client_tls = ClientStartTls(state, out, self)
         intake = BodyIntake(config, out)
         self._data: DataPhase = (
             FilteredData(state, out, self, intake, config)
@@ -224,6 +231,10 @@ class Relay:
                 self._upgrade.broken(f"TLS handshake failed: {reason}")
             case ev.TlsPolicyChecked(domain, ok, reply, note):
                 self._policy.checked(domain, ok, reply, note)
+            case ev.ClientTlsStarted(version, cipher):
+                self._client_tls.started(version, cipher)
+            case ev.ClientTlsFailed(reason):
+                self._client_tls.failed(reason)
             case ev.TimerExpired():
                 self._timer = None  # the shell's timer has fired: any timer is new
                 self._timer_expired()
@@ -269,6 +280,9 @@ class Relay:
             return
         if state.input is Input.DISCARDED:
             return  # the session ends once the replies owed are out
+        if state.client_tls is _HANDSHAKE:  # plaintext after STARTTLS: never read
+            self._client_tls.discard(len(data))
+            return
         owed = state.owed
         if owed and owed[-1].kind in _DATA_WAITS and owed[-1].reply is None:
             self._sync_violation(owed[-1])  # DATA is a barrier: when waiting, it is last
@@ -315,6 +329,7 @@ class Relay:
             out.client_line(line.content, Direction.CLIENT_TO_PROXY)
             self.local(rp.upstream_lost(self._host), close="closed-by-proxy")
         elif verb == "EHLO" or verb == "HELO":
+            self._client_tls.hello()
             if self._lease.hello(parsed):
                 return
             out.abort_transaction()
@@ -339,6 +354,12 @@ class Relay:
             self.forward(parsed, Slot(owed, command=parsed), what)
         elif verb == "QUIT":
             self._quit(parsed)
+        elif verb == "STARTTLS":
+            refusal = self._client_tls.command(parsed)
+            if refusal is None:
+                self.flush()
+            else:
+                self._error(refusal)
         elif verb == "BDAT":
             out.client_line(parsed.line, Direction.CLIENT_TO_PROXY)
             self.local(Reply.make(521, "5.5.1", "Error: command not implemented"),
@@ -352,6 +373,11 @@ class Relay:
         size = command.param("SIZE")
         limit = self._cfg.message_size_limit
         out = self._out
+        refusal = self._client_tls.mail_refusal()
+        if refusal is not None:
+            out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+            self._error(refusal)
+            return
         if limit and size is not None and size.isdigit() and int(size) > limit:
             out.client_line(command.line, Direction.CLIENT_TO_PROXY)
             self.local(Reply.make(552, "5.3.4", "Error: message size exceeds fixed limit"))
@@ -538,10 +564,20 @@ class Relay:
         if kind is Owed.END_OF_DATA and reply.is_intermediate:
             self.protocol_error(f"reply {reply.code} to end-of-data")  # nor is a 3xx here
             return
-        out.to_client(reply, slot.direction)
+        direction = slot.direction
+        if kind is Owed.HELLO:  # the one place the client's EHLO reply is completed
+            shown = self._client_tls.advertise(slot, reply)
+            if shown is not reply and direction is Direction.SERVER_TO_CLIENT:
+                out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+                direction = Direction.PROXY_TO_CLIENT
+            reply = shown
+        out.to_client(reply, direction)
         match kind:
             case Owed.PLAIN | Owed.HELLO:
                 pass
+            case Owed.STARTTLS:
+                self._client_tls.begin(self._client_lines)
+                return
             case Owed.GREETING:
                 self._lease.remember_greeting(reply)
                 self._state.enter(Stage.COMMANDS)
@@ -568,10 +604,13 @@ class Relay:
         else:
             self._maybe_goodbye()
 
-    def local(self, reply: Reply, *, close: str | None = None) -> None:
-        self._state.owed.append(
-            Slot(Owed.PLAIN, reply=reply, direction=Direction.PROXY_TO_CLIENT, close=close)
-        )
+    def local(
+        self, reply: Reply, *, close: str | None = None, hello: Command | None = None
+    ) -> None:
+        kind = Owed.PLAIN if hello is None else Owed.HELLO
+        slot = Slot(kind, reply=reply, direction=Direction.PROXY_TO_CLIENT, close=close)
+        slot.command = hello
+        self._state.owed.append(slot)
         self.flush()
 
     def forward(self, command: Command, slot: Slot, what: Await) -> None:
@@ -589,6 +628,10 @@ class Relay:
     # ----------------------------------------------------------------- endings
     def fail(self, reply: Reply, reason: str) -> None:
         """End the session: the first reply the client is owed becomes ``reply``."""
+        if self._client_tls.handshaking:  # neither plaintext nor TLS: nothing can be said
+            self._out.note(f"session ends during the client's TLS handshake: {reply.text}")
+            self.end_silently(reason)
+            return
         slot = self._state.first_unfilled()
         if slot is not None:
             slot.kind, slot.reply, slot.close = Owed.PLAIN, reply, reason
@@ -597,6 +640,10 @@ class Relay:
         if self._state.stage is not Stage.CLOSED:
             self._out.to_client(reply, Direction.PROXY_TO_CLIENT)
             self._close(reason)
+
+    def end_silently(self, reason: str) -> None:
+        """End the session without a word to the client (its TLS handshake failed)."""
+        self._close(reason)
 
     def protocol_error(self, detail: str) -> None:
         self._out.note(f"MX protocol error: {detail}")

@@ -30,8 +30,14 @@ class Conductor(Protocol):
     def protocol_error(self, detail: str) -> None:
         """The MX broke the protocol: ``421 4.5.0`` and the end of the session."""
 
-    def local(self, reply: Reply, *, close: str | None = None) -> None:
-        """Owe the client this reply of ours (in order) and send what can go."""
+    def local(
+        self, reply: Reply, *, close: str | None = None, hello: Command | None = None
+    ) -> None:
+        """Owe the client this reply of ours (in order) and send what can go; ``hello``:
+        it answers that EHLO/HELO (from a lease's memory)."""
+
+    def end_silently(self, reason: str) -> None:
+        """End the session without a word to the client (its TLS handshake failed)."""
 
     def flush(self) -> None:
         """Send the client every reply now known at the head of what it is owed."""

@@ -93,6 +93,9 @@ class SessionClosed(NamedTuple):
     final_code: int | None  # last reply code the client received
     connect_to_354_ms: float | None  # session start to the first 354 from the MX
     reason: str  # why it ended: "quit", "client-closed", "upstream-lost", "timeout", ...
+    # the client leg's TLS (the tenants' STARTTLS), e.g. "TLSv1.3"; None = plaintext
+    client_tls_version: str | None = None
+    client_tls_cipher: str | None = None
 
 
 Record = SessionOpened | TranscriptLine | TranscriptChunk | TransactionEnded | SessionClosed

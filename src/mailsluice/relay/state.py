@@ -1,7 +1,7 @@
 """Everything that decides what the relay does next: its stages and their legal moves.
 
 h11's rule: all of a state machine's state and every legal transition in one module.
-The relay's state has four independent parts, each an enum with a table of the moves
+The relay's state has five independent parts, each an enum with a table of the moves
 it may make (any other move is a bug of ours: ``IllegalMove``, which the shell turns
 into ``421 4.3.0`` for that session):
 
@@ -12,7 +12,10 @@ into ``421 4.3.0`` for that session):
 * ``Link``, the MX connection: none, wanted (late binding: waiting for a slot),
   dialling, set up by us (late binding), open, in the TLS handshake, gone;
 * ``Message``, the message of the transaction under way: none, its body arriving, or
-  judged by the filters (filter mode).
+  judged by the filters (filter mode);
+* ``ClientTls``, the client leg's STARTTLS (RFC 3207): not offered, offered in
+  plaintext, the handshake under way (nothing is read from the client), in TLS with no
+  EHLO since (the client must say EHLO again), in TLS.
 
 Beside them, two queues hold the conversation:
 
@@ -73,6 +76,16 @@ class Message(enum.Enum):
     JUDGED = "judged"  # filter mode: complete, the filters' verdict is awaited
 
 
+class ClientTls(enum.Enum):
+    """The client leg's TLS (the tenants' STARTTLS)."""
+
+    NONE = "none"  # not offered to this client (client_tls off)
+    PLAIN = "plain"  # offered, the client is in plaintext
+    HANDSHAKE = "handshake"  # 220 sent: the shell upgrades; nothing is read meanwhile
+    FRESH = "fresh"  # in TLS; the client has not said EHLO/HELO since (RFC 3207 §4.2)
+    SECURE = "secure"  # in TLS, after a new EHLO/HELO
+
+
 _E = TypeVar("_E", bound=enum.Enum)
 
 _STAGE_MOVES = {
@@ -99,6 +112,13 @@ _LINK_MOVES = {
     Link.HANDSHAKE: frozenset({Link.OPEN, Link.SETUP, Link.GONE}),
     Link.GONE: frozenset(),
 }
+_CLIENT_TLS_MOVES = {
+    ClientTls.NONE: frozenset(),
+    ClientTls.PLAIN: frozenset({ClientTls.HANDSHAKE}),
+    ClientTls.HANDSHAKE: frozenset({ClientTls.FRESH}),  # a failed handshake ends the session
+    ClientTls.FRESH: frozenset({ClientTls.SECURE}),
+    ClientTls.SECURE: frozenset(),  # never TLS inside TLS
+}
 _MESSAGE_MOVES = {
     Message.NONE: frozenset({Message.BODY}),
     Message.BODY: frozenset({Message.NONE, Message.JUDGED}),
@@ -115,6 +135,7 @@ _STAGE_PAIRS = _pairs(_STAGE_MOVES)
 _INPUT_PAIRS = _pairs(_INPUT_MOVES)
 _LINK_PAIRS = _pairs(_LINK_MOVES)
 _MESSAGE_PAIRS = _pairs(_MESSAGE_MOVES)
+_CLIENT_TLS_PAIRS = _pairs(_CLIENT_TLS_MOVES)
 
 
 class Owed(enum.Enum):
@@ -129,6 +150,7 @@ class Owed(enum.Enum):
     QUIT = "quit"  # the session ends
     PLAIN = "plain"  # RSET, NOOP, VRFY, EXPN, HELP, and every reply of our own
     OUR_DATA = "our-data"  # filter mode: DATA answered by us, decided at the head
+    STARTTLS = "starttls"  # our 220 to the client's STARTTLS: the handshake starts after it
 
 
 class Await(enum.Enum):
@@ -185,11 +207,13 @@ class PolicyCheck:
 class RelayState:
     """The relay's state (see the module docstring); every move is checked."""
 
-    __slots__ = ("awaiting", "draining", "errors", "held", "input", "link", "message",
-                 "mx_heard_at", "owed", "policy_check", "policy_passed", "stage")  # fmt: skip
+    __slots__ = ("awaiting", "client_tls", "draining", "errors", "held", "input", "link",
+                 "message", "mx_heard_at", "owed", "policy_check", "policy_passed",
+                 "stage")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, *, client_tls: bool = False) -> None:
         self.stage = Stage.OPENING
+        self.client_tls = ClientTls.PLAIN if client_tls else ClientTls.NONE
         self.input = Input.OPEN
         self.link = Link.NONE
         self.message = Message.NONE
@@ -233,6 +257,13 @@ class RelayState:
             if (old._value_, message._value_) not in _MESSAGE_PAIRS:
                 raise _illegal(old, message)
             self.message = message
+
+    def move_client_tls(self, tls: ClientTls) -> None:
+        old = self.client_tls
+        if tls is not old:
+            if (old._value_, tls._value_) not in _CLIENT_TLS_PAIRS:
+                raise _illegal(old, tls)
+            self.client_tls = tls
 
     # ------------------------------------------------------------- the queues
     def blocked(self) -> bool:

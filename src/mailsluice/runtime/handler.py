@@ -9,6 +9,12 @@ for them (the relay never asks for two waits at once), and ends when the relay c
 A job that raises is a bug of ours: ``421 4.3.0`` for this connection, never a crash of
 the server and never a 2xx.
 
+The client's STARTTLS (``StartClientTls``): the relay's 220 is written first, then TLS
+takes the client's connection over at once (``tlstransport.ServerTlsTransport``: every
+later byte is TLS, and the client's half-close still lets our replies out); the
+handshake has ``clienttls.HANDSHAKE_TIMEOUT``, nothing is written meanwhile, and the
+outcome goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
+
 Backpressure: a side whose write buffer is full pauses reading on the other side; a
 client that sends more than the relay will hold is paused until the relay catches up.
 Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from functools import partial
@@ -30,6 +37,7 @@ from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.runtime import errors
 from mailsluice.runtime.borrowing import Borrowing
+from mailsluice.runtime.clienttls import HANDSHAKE_TIMEOUT
 from mailsluice.runtime.dialer import plain_host
 from mailsluice.runtime.dialprobe import GreetingWatch
 from mailsluice.runtime.filterjob import FilterDriver
@@ -38,6 +46,7 @@ from mailsluice.runtime.linger import LingeringClose
 from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import Side, format_address
+from mailsluice.runtime.tlstransport import ServerTlsTransport
 
 __all__ = ["ClientProtocol", "ConnectionHandler"]
 
@@ -67,9 +76,9 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_data_block", "_deadline", "_fair",
-        "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_min_rate",
-        "_server_blocked", "_services", "_timeout", "_timer", "_timer_on_server",
+        "_client", "_client_eof", "_client_paused", "_client_tls", "_data_block", "_deadline",
+        "_early", "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog",
+        "_min_rate", "_server_blocked", "_services", "_timeout", "_timer", "_timer_on_server",
         "_write_deadline", "mx", "relay",
     )  # fmt: skip
 
@@ -79,6 +88,8 @@ class ConnectionHandler:
         self._client: asyncio.Transport | None = client
         self._client_paused = False  # we stopped reading from the client
         self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
+        self._client_tls = False  # the client's TLS handshake is under way: no writes
+        self._early = bytearray()  # client bytes decrypted before the handshake was reported
         self._server_blocked = False  # the MX is not reading what we write
         self._deadline = 0.0
         self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
@@ -147,6 +158,7 @@ class ConnectionHandler:
             may_release=services.pool is not None,
             borrowed=self._fair is not None,
             cached=cached,
+            client_tls=services.client_tls_context is not None,
             now=now,
         )
 
@@ -189,6 +201,13 @@ class ConnectionHandler:
         restarted by a partial line or a body chunk, only extended by the chunk's size at
         ``client_min_rate``; the relay restarts it (``SetTimer``) when a line completes.
         """
+        if from_client and self._client_tls:
+            # TLS data, decrypted, that the client sent right after its handshake (before
+            # the handshake's end was reported to the relay): given to it after that.
+            self._early += data
+            if len(self._early) > self._max_backlog and self._client is not None:
+                self._client.abort()
+            return
         relay = self.relay
         if relay is None or relay.closed:
             lingering = self._lingering
@@ -292,7 +311,7 @@ class ConnectionHandler:
         # Commonest first: this runs for every chunk relayed.
         for action in actions:
             if isinstance(action, act.SendToClient):
-                if self._client is not None:
+                if self._client is not None and not self._client_tls:
                     self._client.write(action.data)
             elif isinstance(action, act.SendToServer):
                 server = self.mx.transport
@@ -317,13 +336,25 @@ class ConnectionHandler:
                 if self.mx.transport is not None:
                     self.mx.transport.pause_reading()
                 self._jobs.add(self._start_tls)
+            case act.StartClientTls():
+                client, context = self._client, self._services.client_tls_context
+                if client is not None and context is not None and not client.is_closing():
+                    self._client_tls = True
+                    side = cast(asyncio.Protocol, client.get_protocol())
+                    tls = ServerTlsTransport(self._loop, client, context, side)
+                    self._client = tls
+                    self._jobs.add(partial(self._client_handshake, tls))
+                else:  # (gone, or a bug of ours: no context, yet TLS was offered)
+                    self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
             case act.CloseServer():
                 self.mx.close()
                 self._let_go()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:
-                    if linger:
+                    if self._client_tls:  # mid-handshake: nothing more can be said
+                        client.abort()
+                    elif linger:
                         self._linger(client)
                     else:
                         client.close()
@@ -386,6 +417,29 @@ class ConnectionHandler:
         answer = await gate.check(domain, plain_host(self.destination[0]), mx.tls_facts,
                                   sending_ip=str(sending), now=time.time())  # fmt: skip
         self._feed(answer)
+
+    async def _client_handshake(self, tls: ServerTlsTransport) -> None:
+        """The client's TLS handshake (``StartClientTls``), within its deadline."""
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                await tls.handshake
+        except (*errors.TLS_ERRORS, ssl.SSLError) as exc:
+            self._client_tls = False
+            if self._client is tls:
+                self._client = None
+            tls.abort()
+            reason = "handshake timeout" if isinstance(exc, TimeoutError) else str(exc)
+            self._feed(ev.ClientTlsFailed(reason or type(exc).__name__))
+            return
+        self._client_tls = False
+        if self._client is not tls:  # closed meanwhile
+            return
+        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
+        version = tls.get_extra_info("ssl_object").version()
+        self._feed(ev.ClientTlsStarted(version or "?", cipher[0]))
+        early, self._early = bytes(self._early), bytearray()
+        if early:
+            self.on_data(True, early)
 
     def _relay_open(self) -> bool:
         return self.relay is not None and not self.relay.closed

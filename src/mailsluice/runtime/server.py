@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
-from mailsluice.runtime import startup
+from mailsluice.runtime import clienttls, startup
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
 from mailsluice.runtime.handler import ClientProtocol
@@ -62,6 +63,7 @@ def _services(
     chain: FilterChain | None,
     remembered: dict[tuple[str, str, int], int] | None = None,
     mx_tls: MxTls | None = None,
+    client_tls: ssl.SSLContext | None = None,
 ) -> Services:
     """The services every connection of this worker shares."""
     local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
@@ -73,7 +75,15 @@ def _services(
         caps=limits.Caps(settings.max_connections, settings.max_connections_per_client),
         transparent=settings.upstream is None,
     )
-    return Services(settings, log_writer, admission, chain, remembered, mx_tls)
+    return Services(
+        settings,
+        log_writer,
+        admission,
+        chain,
+        remembered,
+        mx_tls=mx_tls,
+        client_tls_context=client_tls,
+    )
 
 
 def _mx_tls(settings: Settings, state: Path | None) -> tuple[MxTls, TlsRptStore | None]:
@@ -114,6 +124,7 @@ class Proxy:
 
     def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
+        client_tls = clienttls.server_context(settings)  # and a bad certificate
         if chain is not None and not settings.relay.filtering:  # settings built in code
             relay = replace(
                 settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
@@ -128,7 +139,7 @@ class Proxy:
         )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
         mx_tls, self._tls_results = _mx_tls(settings, state_path(settings.state_file, settings.log))
-        self.services = _services(settings, self.log_writer, chain, remembered, mx_tls)
+        self.services = _services(settings, self.log_writer, chain, remembered, mx_tls, client_tls)
         self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
@@ -298,6 +309,7 @@ def _run(settings: Settings) -> int:
     log_url = _log_url(settings)
     settings = replace(settings, log=log_url)  # one place for every worker
     open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
+    clienttls.server_context(settings)  # the self-signed pair too (the workers share it)
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     fair = settings.fair

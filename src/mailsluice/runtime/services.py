@@ -62,6 +62,7 @@ class ConnectionServices(Protocol):
     chain_verifier: ChainVerifier
     mx_tls: MxTls  # the MX leg's TLS policy: allowed, required, SNI, the per-domain check
     resumption: Resumption | None  # TLS sessions kept for the next handshake (None: off)
+    client_tls_context: ssl.SSLContext | None  # the client leg's STARTTLS (None: not offered)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -108,8 +109,10 @@ class Services:
         filter_chain: FilterChain | None = None,
         remembered: dict[tuple[str, str, int], int] | None = None,
         mx_tls: MxTls | None = None,
+        client_tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.settings = settings
+        self.client_tls_context = client_tls_context
         self.log_writer = log_writer
         self.admission = admission
         fair = settings.fair

@@ -68,8 +68,9 @@ def _started(iso: str | None) -> str:
     return "-" if iso is None else iso[:19].replace("T", " ")
 
 
-def _tls(session: dict[str, Any]) -> str:
-    version = session.get("tls_version")
+def _tls(session: dict[str, Any], key: str = "tls_version") -> str:
+    """A leg's TLS version: the MX's (``tls_version``) or the client's."""
+    version = session.get(key)
     if version is None:
         return "-" if session.get("ended_at") is None else "none"
     return _cell(version)
@@ -80,8 +81,8 @@ def _ms(value: object) -> str:
 
 
 def _table(sessions: list[dict[str, Any]]) -> list[str]:
-    header = ("STARTED (UTC)", "ID", "CLIENT", "DESTINATION", "FROM", "RCPT", "TLS", "MSGS",
-              "BYTES", "CODE", "354MS")  # fmt: skip
+    header = ("STARTED (UTC)", "ID", "CLIENT", "DESTINATION", "FROM", "RCPT", "CLIENT-TLS", "TLS",
+              "MSGS", "BYTES", "CODE", "354MS")  # fmt: skip
     rows = [
         (
             _started(s["started_at"]),
@@ -90,6 +91,7 @@ def _table(sessions: list[dict[str, Any]]) -> list[str]:
             _cell(s["destination"]),
             "<>" if s["mail_from"] == "" else _cell(s["mail_from"]),
             _rcpt_cell(s["rcpt_to"]),
+            _tls(s, "client_tls_version"),
             _tls(s),
             _cell(s["messages"]),
             _cell(s["bytes"]),
@@ -99,7 +101,7 @@ def _table(sessions: list[dict[str, Any]]) -> list[str]:
         for s in sessions
     ]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    numeric = {7, 8, 9, 10}
+    numeric = {8, 9, 10, 11}
     return [
         "  ".join(
             c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(r)
@@ -163,8 +165,8 @@ def _write_csv(sessions: list[dict[str, Any]], out: TextIO) -> None:
 
 _CSV_COLUMNS = ("id", "started_at", "ended_at", "client", "destination", "source_ip", "helo",
                 "mail_from", "mail_from_all", "rcpt_to", "transactions", "tls_version",
-                "tls_cipher", "tls_verified", "messages", "bytes", "final_code",
-                "connect_to_354_ms", "reason")  # fmt: skip
+                "tls_cipher", "tls_verified", "client_tls_version", "client_tls_cipher",
+                "messages", "bytes", "final_code", "connect_to_354_ms", "reason")  # fmt: skip
 
 
 def print_sessions(
@@ -208,6 +210,13 @@ def _header(session: dict[str, Any]) -> str:
         parts.append(f"{_cell(session['client'])} -> {_cell(session['destination'])}")
     if session["helo"]:
         parts.append(f"helo {_cell(session['helo'])}")
+    if session.get("client_tls_version"):
+        parts.append(
+            f"client tls {_cell(session['client_tls_version'])} "
+            f"{_cell(session.get('client_tls_cipher'))}"
+        )
+    if session.get("tls_version"):
+        parts.append(f"mx tls {_cell(session['tls_version'])} {_cell(session.get('tls_cipher'))}")
     parts.append(f"started {session['started_at'] or '-'}")
     if session["ended_at"]:
         parts.append(f"ended {session['ended_at']} ({_cell(session['reason'])})")

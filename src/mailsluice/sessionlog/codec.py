@@ -370,6 +370,8 @@ def record_to_json(record: Record) -> dict[str, Any]:
             "final_code": record.final_code,
             "connect_to_354_ms": record.connect_to_354_ms,
             "reason": clean_text(record.reason),
+            "client_tls_version": clean_opt(record.client_tls_version),
+            "client_tls_cipher": clean_opt(record.client_tls_cipher),
         }
     raise TypeError(f"not a session log record: {record!r}")
 

@@ -67,13 +67,15 @@ ON DUPLICATE KEY UPDATE client = VALUES(client), destination = VALUES(destinatio
 """
 _CLOSE_SQL = """
 INSERT INTO mailsluice_sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at,
-    messages, bytes, final_code, connect_to_354_ms, reason)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    messages, bytes, final_code, connect_to_354_ms, reason, client_tls_version,
+    client_tls_cipher)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON DUPLICATE KEY UPDATE helo = VALUES(helo), tls_version = VALUES(tls_version),
     tls_cipher = VALUES(tls_cipher), tls_verified = VALUES(tls_verified),
     ended_at = VALUES(ended_at), messages = VALUES(messages), bytes = VALUES(bytes),
     final_code = VALUES(final_code), connect_to_354_ms = VALUES(connect_to_354_ms),
-    reason = VALUES(reason)
+    reason = VALUES(reason), client_tls_version = VALUES(client_tls_version),
+    client_tls_cipher = VALUES(client_tls_cipher)
 """
 _LINES_SQL = """
 INSERT INTO mailsluice_transcript (session_id, first_seq, `lines`) VALUES (%s, %s, %s)
@@ -143,7 +145,8 @@ class _Rows:
                 rows.closed.append(
                     (clean_text(r.session_id), clean_opt(r.helo), clean_opt(r.tls_version),
                      clean_opt(r.tls_cipher), r.tls_verified, utc_datetime(r.at), r.messages,
-                     r.bytes, r.final_code, r.connect_to_354_ms, clean_text(r.reason))
+                     r.bytes, r.final_code, r.connect_to_354_ms, clean_text(r.reason),
+                     clean_opt(r.client_tls_version), clean_opt(r.client_tls_cipher))
                 )  # fmt: skip
         rows.lines = [
             (clean_text(sid), chunk[0][0], _json_text(chunk)) for sid, chunk in chunks.items()

@@ -53,7 +53,7 @@ __all__ = [
     "schema_version",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CONNECT_TIMEOUT = 10.0  # seconds for one connection attempt
 COMMAND_TIMEOUT = 30.0  # seconds for one read or write on the connection
 LOCK_TIMEOUT = 60  # seconds a writer waits for another one's migration
@@ -111,8 +111,13 @@ CREATE TABLE mailsluice_transcript (
 ) {_TABLE_OPTIONS}
 """,
 )
+# version 2: the client leg's TLS (the tenants' STARTTLS), beside the MX leg's
+_CLIENT_TLS_V2 = (
+    "ALTER TABLE mailsluice_sessions ADD COLUMN client_tls_version TEXT, "
+    "ADD COLUMN client_tls_cipher TEXT",
+)
 # MIGRATIONS[v]: the statements that lift a database at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _CLIENT_TLS_V2)
 _OUR_TABLES = ("mailsluice_sessions", "mailsluice_transactions", "mailsluice_transcript")
 
 

@@ -66,13 +66,15 @@ ON CONFLICT (id) DO UPDATE SET client = EXCLUDED.client, destination = EXCLUDED.
 """
 _CLOSE_SQL = """
 INSERT INTO mailsluice_sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at,
-    messages, bytes, final_code, connect_to_354_ms, reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    messages, bytes, final_code, connect_to_354_ms, reason, client_tls_version,
+    client_tls_cipher)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT (id) DO UPDATE SET helo = EXCLUDED.helo, tls_version = EXCLUDED.tls_version,
     tls_cipher = EXCLUDED.tls_cipher, tls_verified = EXCLUDED.tls_verified,
     ended_at = EXCLUDED.ended_at, messages = EXCLUDED.messages, bytes = EXCLUDED.bytes,
     final_code = EXCLUDED.final_code, connect_to_354_ms = EXCLUDED.connect_to_354_ms,
-    reason = EXCLUDED.reason
+    reason = EXCLUDED.reason, client_tls_version = EXCLUDED.client_tls_version,
+    client_tls_cipher = EXCLUDED.client_tls_cipher
 """
 _LINES_SQL = """
 INSERT INTO mailsluice_transcript (session_id, first_seq, lines) VALUES ($1, $2, $3)
@@ -145,7 +147,8 @@ class _Rows:
                 rows.closed.append(
                     (pg_text(r.session_id), _opt(r.helo), _opt(r.tls_version),
                      _opt(r.tls_cipher), r.tls_verified, _ts(r.at), r.messages, r.bytes,
-                     r.final_code, r.connect_to_354_ms, pg_text(r.reason))
+                     r.final_code, r.connect_to_354_ms, pg_text(r.reason),
+                     _opt(r.client_tls_version), _opt(r.client_tls_cipher))
                 )  # fmt: skip
         rows.lines = [
             (pg_text(sid), chunk[0][0], json.dumps(chunk, ensure_ascii=False))

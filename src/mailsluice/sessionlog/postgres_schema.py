@@ -37,7 +37,7 @@ __all__ = [
     "schema_version",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CONNECT_TIMEOUT = 10.0  # seconds for one connection attempt
 COMMAND_TIMEOUT = 30.0  # seconds for one statement
 _LOCK_KEY = 0x6D61696C736C7563  # "mailsluc": the advisory lock taken while migrating
@@ -76,8 +76,13 @@ CREATE TABLE mailsluice_transcript (
     PRIMARY KEY (session_id, first_seq)
 );
 """
+# version 2: the client leg's TLS (the tenants' STARTTLS), beside the MX leg's
+_CLIENT_TLS_V2 = """
+ALTER TABLE mailsluice_sessions ADD COLUMN client_tls_version text,
+    ADD COLUMN client_tls_cipher text
+"""
 # MIGRATIONS[v] lifts a database at version v to v + 1.
-MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1,)
+MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _CLIENT_TLS_V2)
 
 
 class Connection(Protocol):

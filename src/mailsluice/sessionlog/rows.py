@@ -3,7 +3,8 @@
 Session dict keys: ``id, started_at, ended_at, client, destination, source_ip,
 helo, mail_from`` (first transaction's, or None), ``mail_from_all`` (one per
 transaction), ``rcpt_to`` (every RCPT TO of the session, in order),
-``transactions`` (count), ``tls_version, tls_cipher, tls_verified, messages,
+``transactions`` (count), ``tls_version, tls_cipher, tls_verified`` (the MX leg),
+``client_tls_version, client_tls_cipher`` (the client leg's STARTTLS), ``messages,
 bytes, final_code, connect_to_354_ms, reason``. Columns not yet known (a session
 still open, or whose opening record was dropped) are None. Times come out as
 ISO-8601 UTC strings. Transcript line dicts: ``seq, at, direction, text``.
@@ -79,6 +80,8 @@ def session_dict(session_id: str, row: Mapping[str, Any], txns: Iterable[Txn]) -
         "tls_version": as_str(row.get("tls_version")),
         "tls_cipher": as_str(row.get("tls_cipher")),
         "tls_verified": None if verified is None else bool(verified),
+        "client_tls_version": as_str(row.get("client_tls_version")),
+        "client_tls_cipher": as_str(row.get("client_tls_cipher")),
         "messages": as_int(row.get("messages")),
         "bytes": as_int(row.get("bytes")),
         "final_code": as_int(row.get("final_code")),

@@ -36,7 +36,7 @@ __all__ = [
     "open_readonly",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 2.0  # seconds the writer waits for a lock held by a reader or another writer
 
 _SCHEMA_V1 = """
@@ -87,7 +87,13 @@ CREATE TABLE IF NOT EXISTS transcript (
 # version -> script that brings a database at that version to version + 1
 _json_text = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode  # made once
 
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+# version 2: the client leg's TLS (the tenants' STARTTLS), beside the MX leg's
+_CLIENT_TLS_V2 = """
+ALTER TABLE sessions ADD COLUMN client_tls_version TEXT;
+ALTER TABLE sessions ADD COLUMN client_tls_cipher TEXT
+"""
+
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _CLIENT_TLS_V2}
 _OUR_TABLES = frozenset({"sessions", "transactions", "transcript"})
 
 _OPEN_SQL = """
@@ -97,12 +103,14 @@ ON CONFLICT (id) DO UPDATE SET client = excluded.client, destination = excluded.
 """
 _CLOSE_SQL = """
 INSERT INTO sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at, messages,
-    bytes, final_code, connect_to_354_ms, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    bytes, final_code, connect_to_354_ms, reason, client_tls_version, client_tls_cipher)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET helo = excluded.helo, tls_version = excluded.tls_version,
     tls_cipher = excluded.tls_cipher, tls_verified = excluded.tls_verified,
     ended_at = excluded.ended_at, messages = excluded.messages, bytes = excluded.bytes,
     final_code = excluded.final_code, connect_to_354_ms = excluded.connect_to_354_ms,
-    reason = excluded.reason
+    reason = excluded.reason, client_tls_version = excluded.client_tls_version,
+    client_tls_cipher = excluded.client_tls_cipher
 """
 _LINE_SQL = """
 INSERT OR REPLACE INTO transcript (session_id, first_seq, lines) VALUES (?, ?, ?)
@@ -251,6 +259,8 @@ class SqliteBackend:
                         r.final_code,
                         r.connect_to_354_ms,
                         clean_text(r.reason),
+                        clean_opt(r.client_tls_version),
+                        clean_opt(r.client_tls_cipher),
                     )
                 )
         lines = [(clean_text(sid), chunk[0][0], _json_text(chunk)) for sid, chunk in chunks.items()]
