@@ -335,7 +335,7 @@ class ConnectionHandler:
             case act.StartServerTls():
                 if self.mx.transport is not None:
                     self.mx.transport.pause_reading()
-                self._jobs.add(self._start_tls)
+                self._jobs.add(self.mx.start_tls_by_policy)
             case act.StartClientTls():
                 client, context = self._client, self._services.client_tls_context
                 if client is not None and context is not None and not client.is_closing():
@@ -396,27 +396,8 @@ class ConnectionHandler:
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
-    async def _start_tls(self) -> None:
-        """The handshake with the MX: its host name for SNI when the TLS policy knows it;
-        a session is resumed only for the same name and TLS mode (``MxLeg.start_tls``)."""
-        services = self._services
-        mx_ip = plain_host(self.destination[0])
-        name = services.tls_name_for(mx_ip)
-        profile = "required" if services.mx_tls.required(mx_ip) else "may"
-        await self.mx.start_tls(name, profile=profile)
-
     async def _check_tls_policy(self, domain: str) -> None:
-        """Does the MX connection meet ``domain``'s TLS policy (``runtime.tlsgate``)?"""
-        gate = self._services.mx_tls.gate
-        if gate is None:  # the relay asks only when there is a gate; answer anyway
-            self._feed(ev.TlsPolicyChecked(domain, True, None, f"{domain}: no policy"))
-            return
-        mx = self.mx
-        local = mx.transport.get_extra_info("sockname") if mx.transport is not None else None
-        sending = local[0] if local else (self._services.settings.outbound_ip or "")
-        answer = await gate.check(domain, plain_host(self.destination[0]), mx.tls_facts,
-                                  sending_ip=str(sending), now=time.time())  # fmt: skip
-        self._feed(answer)
+        self._feed(await self.mx.check_policy(domain))
 
     async def _client_handshake(self, tls: ServerTlsTransport) -> None:
         """The client's TLS handshake (``StartClientTls``), within its deadline."""

@@ -8,6 +8,9 @@ transport's protocol (``sides.Side``, made by ``protocol``):
   timeout) and registers the address pair the moment ``connect()`` has chosen the
   source port, before this loop can accept anything: a redirect of our own connection
   back to us is then refused as a loop, deterministically (``admission``);
+* ``start_tls_by_policy`` runs it with what the MX leg's TLS policy knows of the
+  address (SNI, profile); ``check_policy`` answers the relay's per-domain TLS policy
+  check on this connection's facts (``tlsgate``);
 * ``start_tls`` runs the STARTTLS handshake the relay asked for (with the SNI and the
   profile the caller gives; resuming a session when one is kept for them: ``tlsresume``),
   reports the protocol, the cipher and whether the chain verified, and keeps the
@@ -33,7 +36,7 @@ from mailsluice.relay import events as ev
 from mailsluice.runtime import errors
 from mailsluice.runtime.admission import Outbound
 from mailsluice.runtime.destinations import Hold, Idle
-from mailsluice.runtime.dialer import dial
+from mailsluice.runtime.dialer import dial, plain_host
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.sides import format_address
 from mailsluice.runtime.tls import peer_chain
@@ -141,6 +144,27 @@ class MxLeg:
     def _register(self, pair: Outbound) -> None:
         self._outbound = pair
         self._services.dialled(pair)
+
+    async def start_tls_by_policy(self) -> None:
+        """The handshake the MX leg's TLS policy asks for: the MX host name learned for
+        the address as SNI, and a profile that keeps sessions made where TLS is required
+        apart from opportunistic ones (``tlsmx.MxTls``)."""
+        services = self._services
+        mx_ip = plain_host(self.destination[0])
+        profile = "required" if services.mx_tls.required(mx_ip) else "may"
+        await self.start_tls(services.tls_name_for(mx_ip), profile=profile)
+
+    async def check_policy(self, domain: str) -> ev.TlsPolicyChecked:
+        """Does this connection meet ``domain``'s TLS policy (``tlsgate.TlsGate``)?"""
+        services = self._services
+        gate = services.mx_tls.gate
+        if gate is None:  # the relay asks only when there is a gate; answer anyway
+            return ev.TlsPolicyChecked(domain, True, None, f"{domain}: no policy")
+        server = self.transport
+        local = server.get_extra_info("sockname") if server is not None else None
+        sending = local[0] if local else (services.settings.outbound_ip or "")
+        return await gate.check(domain, plain_host(self.destination[0]), self.tls_facts,
+                                sending_ip=str(sending), now=time.time())  # fmt: skip
 
     async def start_tls(self, server_hostname: str | None = None, profile: str = "") -> None:
         """The STARTTLS handshake: ``server_hostname`` is the SNI (None: none sent);
