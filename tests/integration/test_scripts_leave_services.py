@@ -91,6 +91,16 @@ def test_the_test_script_stops_and_disables_no_service(tmp_path: Path) -> None:
                           timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert service_calls(record) == []
+    assert "python -m pytest tests/unit" in calls(record)  # coverage only on request
+
+
+def test_the_test_script_measures_coverage_when_asked(tmp_path: Path) -> None:
+    repo, env, record = sandbox(tmp_path, installed=True)
+    env = {**env, "MAILSLUICE_COVERAGE": "1"}
+    done = subprocess.run(["bash", str(repo / "scripts" / "test"), "tests/unit"], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
     assert "python -m pytest --cov=mailsluice --cov-report=term:skip-covered tests/unit" in (
         calls(record)
     )
