@@ -40,7 +40,7 @@ from typing import Any
 
 from mailsluice.policy.tls.model import Level, TlsPolicyRule
 
-__all__ = ["TlsConfigError", "TlsPolicyRule", "TlsSettings", "parse"]
+__all__ = ["TlsConfigError", "TlsPolicyRule", "TlsSettings", "parse", "parse_resolver"]
 
 DEFAULT_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"  # forward secrecy only (TLS 1.2 suites)
 CLIENT_KEYS = ("client_tls", "client_tls_cert", "client_tls_key", "client_tls_min_version",
@@ -105,7 +105,18 @@ def parse(top: Mapping[str, Any], table: Any = None, rules: Any = None) -> TlsSe
             values[key] = _level(raw, name)
         elif key in ("dane", "mta_sts", "trust_ad", "resumption", "tlsrpt"):
             values[key] = _bool(raw, name)
-        elif key in ("resolver", "ca_file"):
+        elif key == "resolver":
+            text = _text(raw, name).strip()
+            if text:
+                try:
+                    parse_resolver(text)
+                except ValueError as exc:
+                    raise TlsConfigError(
+                        f"{name}: expected an IP address and an optional port, e.g. "
+                        f'"127.0.0.1:53" or "[::1]:53", not {raw!r} ({exc})'
+                    ) from None
+            values[key] = text or None
+        elif key == "ca_file":
             values[key] = _text(raw, name) or None
         elif key in ("report_org", "report_contact"):
             values[key] = _text(raw, name)
@@ -120,6 +131,24 @@ def parse(top: Mapping[str, Any], table: Any = None, rules: Any = None) -> TlsSe
             raise TlsConfigError("tls_policies: expected an array of tables, [[tls_policies]]")
         values["rules"] = tuple(_rule(i, r) for i, r in enumerate(rules))
     return TlsSettings(**values)
+
+
+def parse_resolver(text: str) -> tuple[str, int]:
+    """``tls_policy.resolver`` as (address, port): "127.0.0.1", "127.0.0.1:5353",
+    "::1", "[::1]:5353". ValueError when the address is not an IP address."""
+    text = text.strip()
+    host, port = text, 53
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            port = int(rest.removeprefix(":"))
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        port = int(port_text)
+    ipaddress.ip_address(host)  # ValueError: the resolver must be an address
+    if not 0 < port < 65536:
+        raise ValueError(f"port out of range: {port}")
+    return host, port
 
 
 def _rule(index: int, raw: Any) -> TlsPolicyRule:

@@ -31,9 +31,9 @@ from mailsluice.runtime.https_client import (
     HttpError,
     https_request,
     resolve_addresses,
-    resolver_for,
     tls_context,
 )
+from mailsluice.runtime.tlsdns import resolver_for
 from mailsluice.runtime.tlsrpt_store import read_day
 from mailsluice.tlsconfig import TlsSettings
 

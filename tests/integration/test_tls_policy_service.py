@@ -29,6 +29,7 @@ from mailsluice.policy.tls.model import (
 from mailsluice.runtime.tlsdns import TlsDns
 from mailsluice.runtime.tlspolicies import TlsPolicyService
 from mailsluice.tlsconfig import TlsSettings, parse
+from mailsluice.tlsconfig import parse as parse_tls
 
 pytestmark = pytest.mark.integration
 
@@ -260,8 +261,9 @@ async def test_a_fault_of_the_lookup_defers_rather_than_skipping_the_policy() ->
 
 
 def test_a_resolver_that_is_no_address_is_refused_naming_the_key() -> None:
+    """Refused when the configuration is read (mailsluice does not start), not later."""
     with pytest.raises(ValueError, match=r"tls_policy\.resolver: expected an IP address"):
-        TlsDns("resolver.example:53", trust_ad=True)
+        parse_tls({}, {"resolver": "resolver.example:53"})
 
 
 async def test_sessions_asking_at_once_share_one_lookup(zone: DnsServer) -> None:

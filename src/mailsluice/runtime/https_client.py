@@ -28,7 +28,6 @@ __all__ = [
     "HttpResponse",
     "https_request",
     "resolve_addresses",
-    "resolver_for",
     "tls_context",
 ]
 
@@ -55,23 +54,6 @@ class HttpResponse:
             if key == wanted:
                 return value
         return None
-
-
-def resolver_for(spec: str | None) -> dns.asyncresolver.Resolver:
-    """A resolver asking ``spec`` ("host", "host:port", "[v6]:port"), or resolv.conf's."""
-    if not spec:
-        return dns.asyncresolver.Resolver()
-    resolver = dns.asyncresolver.Resolver(configure=False)
-    host, port = spec, 53
-    if spec.startswith("["):
-        host, _, rest = spec[1:].partition("]")
-        port = int(rest[1:]) if rest.startswith(":") else 53
-    elif spec.count(":") == 1:
-        host, _, port_text = spec.partition(":")
-        port = int(port_text)
-    resolver.nameservers = [host]
-    resolver.port = port
-    return resolver
 
 
 def tls_context(ca_file: str | None) -> ssl.SSLContext:

@@ -46,9 +46,9 @@ from mailsluice.runtime.https_client import (
     HttpError,
     https_request,
     resolve_addresses,
-    resolver_for,
     tls_context,
 )
+from mailsluice.runtime.tlsdns import resolver_for
 from mailsluice.tlsconfig import TlsSettings
 
 __all__ = ["CACHE_NAME", "MAX_BODY", "MtaSts", "StsFetchError", "cache_path_beside"]

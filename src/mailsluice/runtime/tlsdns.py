@@ -18,7 +18,6 @@ deadline; answers are cached in memory (bounded, at most their TTL, errors not a
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,8 +33,9 @@ import dns.resolver
 from mailsluice.policy.tls.decide import MxView, TlsaView, tlsa_base
 from mailsluice.policy.tls.model import Tlsa
 from mailsluice.policy.tls.rules import parse_ip
+from mailsluice.tlsconfig import parse_resolver
 
-__all__ = ["DnsOutcome", "TlsDns", "ad_trusted", "parse_resolver"]
+__all__ = ["DnsOutcome", "TlsDns", "ad_trusted", "parse_resolver", "resolver_for"]
 
 MAX_MX_HOSTS = 16  # hosts looked at per domain (a domain with more is odd)
 
@@ -66,22 +66,16 @@ class DnsOutcome:
         return self.status in (Status.SERVFAIL, Status.TIMEOUT, Status.ERROR)
 
 
-def parse_resolver(text: str) -> tuple[str, int]:
-    """``tls_policy.resolver`` as (address, port): "127.0.0.1", "127.0.0.1:5353",
-    "::1", "[::1]:5353". ValueError when the address is not an IP address."""
-    text = text.strip()
-    host, port = text, 53
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        if rest:
-            port = int(rest.removeprefix(":"))
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-        port = int(port_text)
-    ipaddress.ip_address(host)  # ValueError: the resolver must be an address
-    if not 0 < port < 65536:
-        raise ValueError(f"port out of range: {port}")
-    return host, port
+def resolver_for(spec: str | None) -> dns.asyncresolver.Resolver:
+    """A dnspython resolver asking ``tls_policy.resolver`` (checked when the settings
+    were read: ``tlsconfig.parse_resolver``), or resolv.conf's when it is None."""
+    if not spec:
+        return dns.asyncresolver.Resolver()
+    host, port = parse_resolver(spec)
+    resolver = dns.asyncresolver.Resolver(configure=False)
+    resolver.nameservers = [host]
+    resolver.port = port
+    return resolver
 
 
 def ad_trusted(trust_ad: bool, nameservers: Sequence[str]) -> bool:
@@ -111,23 +105,11 @@ class TlsDns:
         self._cache_size = cache_size
         self._cache: OrderedDict[tuple[str, int], tuple[float, DnsOutcome]] = OrderedDict()
         self._broken = ""
-        if resolver is None:
-            try:
-                self._resolver = dns.asyncresolver.Resolver()
-            except dns.resolver.NoResolverConfiguration as error:
-                self._resolver = dns.asyncresolver.Resolver(configure=False)
-                self._broken = f"no resolver configured ({error})"
-        else:
-            try:
-                host, port = parse_resolver(resolver)
-            except ValueError as error:
-                raise ValueError(
-                    "tls_policy.resolver: expected an IP address and an optional port, "
-                    f'e.g. "127.0.0.1:53" or "[::1]:53", not {resolver!r} ({error})'
-                ) from error
+        try:
+            self._resolver = resolver_for(resolver)
+        except dns.resolver.NoResolverConfiguration as error:
             self._resolver = dns.asyncresolver.Resolver(configure=False)
-            self._resolver.nameservers = [host]
-            self._resolver.port = port
+            self._broken = f"no resolver configured ({error})"
         self._resolver.use_edns(0, dns.flags.DO, 1232)
         self._resolver.flags = dns.flags.RD | dns.flags.AD
         self._resolver.timeout = timeout
