@@ -13,6 +13,7 @@ import gc
 import os
 import ssl
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trustme
@@ -31,6 +32,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 def tls_ca() -> trustme.CA:
     """The test CA (one per test session)."""
     return trustme.CA()
+
+
+@pytest.fixture
+def tls_ca_file(tls_ca: trustme.CA, tmp_path: Path) -> str:
+    """``tls_ca`` as a PEM file (for ``ca_file`` settings)."""
+    path = tmp_path / "ca.pem"
+    tls_ca.cert_pem.write_to_path(str(path))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

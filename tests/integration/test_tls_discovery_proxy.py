@@ -46,18 +46,6 @@ def zone() -> Iterator[DnsServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def ca_file(ca: trustme.CA, tmp_path: Path) -> str:
-    path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return str(path)
-
-
 def sts_policy(mode: str, mx: str = STS_MX) -> str:
     return f"version: STSv1\nmode: {mode}\nmx: {mx}\nmax_age: 86400\n"
 
@@ -88,9 +76,9 @@ def decisions(tmp_path: Path) -> list[str]:
     return found
 
 
-async def test_dane_ee_match_delivers(proxy_factory, zone: DnsServer, ca: trustme.CA,
+async def test_dane_ee_match_delivers(proxy_factory, zone: DnsServer, tls_ca: trustme.CA,
                                       tmp_path: Path) -> None:  # fmt: skip
-    leaf = ca.issue_cert(DANE_MX)
+    leaf = tls_ca.issue_cert(DANE_MX)
     record = tlsa(3, 1, 1, chain_of(leaf)[0])
     zone.add(TLSA_NAME, "TLSA", f"3 1 1 {record.data.hex()}")
     tls = TlsSettings(resolver=zone.address, mta_sts=False)
@@ -101,10 +89,10 @@ async def test_dane_ee_match_delivers(proxy_factory, zone: DnsServer, ca: trustm
 
 
 async def test_dane_ee_mismatch_is_4xx_and_nothing_reaches_the_mx(
-    proxy_factory, zone: DnsServer, ca: trustme.CA, tmp_path: Path
+    proxy_factory, zone: DnsServer, tls_ca: trustme.CA, tmp_path: Path
 ) -> None:
     zone.add(TLSA_NAME, "TLSA", "3 1 1 " + "ab" * 32)
-    mx = ScriptedMX(tls=server_context(ca.issue_cert(DANE_MX)))
+    mx = ScriptedMX(tls=server_context(tls_ca.issue_cert(DANE_MX)))
     async with through(proxy_factory, mx, TlsSettings(resolver=zone.address)) as proxy:
         codes = await send(proxy, DANE_DOMAIN)
     assert codes[:2] == [250, 451]
@@ -114,10 +102,10 @@ async def test_dane_ee_mismatch_is_4xx_and_nothing_reaches_the_mx(
     assert "validation-failure" in decision
 
 
-async def test_bogus_tlsa_defers(proxy_factory, zone: DnsServer, ca: trustme.CA,
+async def test_bogus_tlsa_defers(proxy_factory, zone: DnsServer, tls_ca: trustme.CA,
                                  tmp_path: Path) -> None:  # fmt: skip
     zone.servfail.add(TLSA_NAME)
-    mx = ScriptedMX(tls=server_context(ca.issue_cert(DANE_MX)))
+    mx = ScriptedMX(tls=server_context(tls_ca.issue_cert(DANE_MX)))
     async with through(proxy_factory, mx, TlsSettings(resolver=zone.address)) as proxy:
         codes = await send(proxy, DANE_DOMAIN)
     assert codes[:2] == [250, 451]
@@ -127,9 +115,9 @@ async def test_bogus_tlsa_defers(proxy_factory, zone: DnsServer, ca: trustme.CA,
 
 
 async def test_dane_with_an_mx_that_drops_starttls_never_sends_plaintext_mail_again(
-    proxy_factory, zone: DnsServer, ca: trustme.CA
+    proxy_factory, zone: DnsServer, tls_ca: trustme.CA
 ) -> None:
-    leaf = ca.issue_cert(DANE_MX)
+    leaf = tls_ca.issue_cert(DANE_MX)
     zone.add(TLSA_NAME, "TLSA", f"3 1 1 {tlsa(3, 1, 1, chain_of(leaf)[0]).data.hex()}")
     mx = ScriptedMX(capabilities=("PIPELINING", "8BITMIME"))  # no STARTTLS offered
     async with through(proxy_factory, mx, TlsSettings(resolver=zone.address)) as proxy:
@@ -147,14 +135,14 @@ async def test_dane_with_an_mx_that_drops_starttls_never_sends_plaintext_mail_ag
      ("testing", "other.test", True)],
 )  # fmt: skip
 async def test_mta_sts(
-    proxy_factory, zone: DnsServer, ca: trustme.CA, ca_file: str, tmp_path: Path,
+    proxy_factory, zone: DnsServer, tls_ca: trustme.CA, tls_ca_file: str, tmp_path: Path,
     mode: str, mx_name: str, delivered: bool,
 ) -> None:  # fmt: skip
-    web_leaf = ca.issue_cert(f"mta-sts.{STS_DOMAIN}")
+    web_leaf = tls_ca.issue_cert(f"mta-sts.{STS_DOMAIN}")
     async with HttpsServer(server_context(web_leaf)) as web:
         web.policy(sts_policy(mode))
-        tls = TlsSettings(resolver=zone.address, ca_file=ca_file, mta_sts_port=web.port)
-        mx = ScriptedMX(tls=server_context(ca.issue_cert(mx_name)))
+        tls = TlsSettings(resolver=zone.address, ca_file=tls_ca_file, mta_sts_port=web.port)
+        mx = ScriptedMX(tls=server_context(tls_ca.issue_cert(mx_name)))
         async with through(proxy_factory, mx, tls) as proxy:
             codes = await send(proxy, STS_DOMAIN)
     assert [r.path for r in web.requests] == ["/.well-known/mta-sts.txt"]

@@ -37,12 +37,12 @@ OFFERS_TLS_CAPS = (*NO_TLS_CAPS, "STARTTLS")
 
 MxFactory = Callable[[trustme.CA], ScriptedMX]
 FAULTS: dict[str, MxFactory] = {
-    "good": lambda ca: ScriptedMX(tls=server_context(ca.issue_cert(DOMAIN, "127.0.0.1"))),
-    "expired": lambda ca: ScriptedMX(tls=server_context(expired_leaf(ca))),
-    "wrong-name": lambda ca: ScriptedMX(tls=server_context(wrong_name_leaf(ca))),
-    "self-signed": lambda ca: ScriptedMX(tls=self_signed_server_context()),
-    "no-starttls": lambda ca: ScriptedMX(capabilities=NO_TLS_CAPS),
-    "refuses-starttls": lambda ca: ScriptedMX(capabilities=OFFERS_TLS_CAPS),  # 454
+    "good": lambda tls_ca: ScriptedMX(tls=server_context(tls_ca.issue_cert(DOMAIN, "127.0.0.1"))),
+    "expired": lambda tls_ca: ScriptedMX(tls=server_context(expired_leaf(tls_ca))),
+    "wrong-name": lambda tls_ca: ScriptedMX(tls=server_context(wrong_name_leaf(tls_ca))),
+    "self-signed": lambda tls_ca: ScriptedMX(tls=self_signed_server_context()),
+    "no-starttls": lambda tls_ca: ScriptedMX(capabilities=NO_TLS_CAPS),
+    "refuses-starttls": lambda tls_ca: ScriptedMX(capabilities=OFFERS_TLS_CAPS),  # 454
 }
 # what each level makes of each fault: True = delivered
 EXPECTED: dict[Level, dict[str, bool]] = {
@@ -52,18 +52,6 @@ EXPECTED: dict[Level, dict[str, bool]] = {
     Level.VERIFY: {**dict.fromkeys(FAULTS, False), "good": True},
     Level.SECURE: {**dict.fromkeys(FAULTS, False), "good": True},
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def ca_file(ca: trustme.CA, tmp_path: Path) -> str:
-    path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return str(path)
 
 
 @asynccontextmanager
@@ -97,10 +85,10 @@ def rule(level: Level, match: str = DOMAIN) -> TlsPolicyRule:
 @pytest.mark.parametrize("fault", list(FAULTS))
 @pytest.mark.parametrize("level", list(EXPECTED))
 async def test_each_level_against_each_mx_fault(
-    proxy_factory, ca: trustme.CA, ca_file: str, tmp_path: Path, level: Level, fault: str
+    proxy_factory, tls_ca: trustme.CA, tls_ca_file: str, tmp_path: Path, level: Level, fault: str
 ) -> None:
-    tls = TlsSettings(ca_file=ca_file, rules=(rule(level),))
-    mx = FAULTS[fault](ca)
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(level),))
+    mx = FAULTS[fault](tls_ca)
     async with proxied(proxy_factory, mx, tls) as proxy:
         codes, _ = await send_one(proxy)
     delivered = EXPECTED[level][fault]
@@ -117,10 +105,10 @@ async def test_each_level_against_each_mx_fault(
 
 
 async def test_the_refusal_says_which_policy_and_why(
-    proxy_factory, ca: trustme.CA, ca_file: str, tmp_path: Path
+    proxy_factory, tls_ca: trustme.CA, tls_ca_file: str, tmp_path: Path
 ) -> None:
-    tls = TlsSettings(ca_file=ca_file, rules=(rule(Level.VERIFY),))
-    mx = FAULTS["wrong-name"](ca)
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(Level.VERIFY),))
+    mx = FAULTS["wrong-name"](tls_ca)
     async with proxied(proxy_factory, mx, tls) as proxy, await connect(proxy) as client:  # type: ignore[arg-type]
         await greet(client)
         assert (await client.command("MAIL FROM:<s@client.test>")).code == 250
@@ -133,12 +121,12 @@ async def test_the_refusal_says_which_policy_and_why(
 
 
 async def test_a_domain_that_requires_tls_gets_no_plaintext_mail_the_next_time(
-    proxy_factory, ca: trustme.CA, ca_file: str
+    proxy_factory, tls_ca: trustme.CA, tls_ca_file: str
 ) -> None:
     """First contact: MAIL went (the policy is per recipient), RCPT 4xx. From then on
     the address is known to require TLS: 421 at EHLO, no MAIL ever."""
-    tls = TlsSettings(ca_file=ca_file, rules=(rule(Level.ENCRYPT),))
-    mx = FAULTS["no-starttls"](ca)
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(Level.ENCRYPT),))
+    mx = FAULTS["no-starttls"](tls_ca)
     async with proxied(proxy_factory, mx, tls) as proxy:
         first, _ = await send_one(proxy)
         second, ehlo_code = await send_one(proxy)
@@ -150,10 +138,10 @@ async def test_a_domain_that_requires_tls_gets_no_plaintext_mail_the_next_time(
 
 @pytest.mark.parametrize("fault", ["no-starttls", "refuses-starttls"])
 async def test_a_rule_for_the_address_means_no_plaintext_from_the_first_session(
-    proxy_factory, ca: trustme.CA, ca_file: str, fault: str
+    proxy_factory, tls_ca: trustme.CA, tls_ca_file: str, fault: str
 ) -> None:
-    tls = TlsSettings(ca_file=ca_file, rules=(rule(Level.ENCRYPT, "127.0.0.1/32"),))
-    mx = FAULTS[fault](ca)
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(Level.ENCRYPT, "127.0.0.1/32"),))
+    mx = FAULTS[fault](tls_ca)
     async with proxied(proxy_factory, mx, tls) as proxy:
         codes, ehlo_code = await send_one(proxy)
     assert (codes, ehlo_code) == ([421], 421)
@@ -161,10 +149,10 @@ async def test_a_rule_for_the_address_means_no_plaintext_from_the_first_session(
 
 
 async def test_none_for_the_address_means_no_starttls(
-    proxy_factory, ca: trustme.CA, ca_file: str
+    proxy_factory, tls_ca: trustme.CA, tls_ca_file: str
 ) -> None:
-    tls = TlsSettings(ca_file=ca_file, rules=(rule(Level.NONE, "127.0.0.1/32"),))
-    mx = FAULTS["good"](ca)
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(Level.NONE, "127.0.0.1/32"),))
+    mx = FAULTS["good"](tls_ca)
     async with proxied(proxy_factory, mx, tls) as proxy:
         codes, _ = await send_one(proxy)
     assert codes == [250, 250, 354, 250]
@@ -173,10 +161,10 @@ async def test_none_for_the_address_means_no_starttls(
 
 
 async def test_a_good_mx_is_verified_and_the_transcript_says_so(
-    proxy_factory, ca: trustme.CA, ca_file: str, tmp_path: Path
+    proxy_factory, tls_ca: trustme.CA, tls_ca_file: str, tmp_path: Path
 ) -> None:
-    tls = TlsSettings(ca_file=ca_file, rules=(rule(Level.SECURE),))
-    mx = FAULTS["good"](ca)
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(Level.SECURE),))
+    mx = FAULTS["good"](tls_ca)
     async with proxied(proxy_factory, mx, tls) as proxy:
         codes, _ = await send_one(proxy)
     assert codes[-1] == 250
