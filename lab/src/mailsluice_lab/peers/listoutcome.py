@@ -20,11 +20,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mailsluice_lab.peers.ledger import StoredMessage
+from mailsluice_lab.peers.ledger import StoredMessage, normalise_reply
 
 #: Postfix's default VERP delimiters (``default_verp_delimiters``).
 DEFAULT_DELIMITERS = "+="
@@ -174,18 +174,22 @@ def list_problems(
     sender: str,
     delimiters: str | None = DEFAULT_DELIMITERS,
     marker: bytes = b"",
+    may_duplicate: Collection[str] = (),
 ) -> list[str]:
     """Every way the MX's copies contradict what the list client was told (empty: good).
 
     ``stored`` are the MX's messages (those whose content contains ``marker``, when given);
     each must have one recipient and, with ``delimiters``, its VERP return path (``None``:
     the plain ``sender``). Per recipient: LOSS (delivered, no copy), DUPLICATE (more than
-    one copy; for a recipient ever ambiguous, more than two), REFUSED-BUT-STORED (a copy,
-    but the last answer was deferred or rejected and never ambiguous), WRONG-RETURN-PATH,
-    SHARED-COPY (one stored message for several recipients), UNKNOWN (a copy for someone
-    not on the list).
+    one copy; for a recipient ever ambiguous or in ``may_duplicate``, more than two: a
+    relay told the client ``451`` after the MX had stored it, the documented case),
+    REFUSED-BUT-STORED (a copy, but the last answer was deferred or rejected and never
+    ambiguous), WRONG-REPLY (the client's 2xx is no reply the MX gave for a copy of that
+    recipient), WRONG-RETURN-PATH, SHARED-COPY (one stored message for several
+    recipients), UNKNOWN (a copy for someone not on the list).
     """
     copies: Counter[str] = Counter()
+    replies: dict[str, set[str]] = {}
     problems: list[str] = []
     wanted = {r.recipient for r in outcome.results}
     for message in stored:
@@ -195,6 +199,7 @@ def list_problems(
             problems.append(f"SHARED-COPY: #{message.seq} went to {list(message.rcpt_tos)}")
         for rcpt in message.rcpt_tos:
             copies[rcpt] += 1
+            replies.setdefault(rcpt, set()).add(normalise_reply(message.reply))
             if rcpt not in wanted:
                 problems.append(f"UNKNOWN: #{message.seq} for <{rcpt}>, not on the list")
                 continue
@@ -204,11 +209,16 @@ def list_problems(
                     f"WRONG-RETURN-PATH: #{message.seq} for <{rcpt}> from "
                     f"<{message.mail_from}>, expected <{expected}>"
                 )
-    ambiguous = outcome.ever_ambiguous
+    ambiguous = outcome.ever_ambiguous | frozenset(may_duplicate)
     for result in outcome.results:
         rcpt, count = result.recipient, copies[result.recipient]
         if result.status is Status.DELIVERED and count == 0:
             problems.append(f"LOSS: <{rcpt}> got {result.reply!r}, the MX holds no copy")
+        told = normalise_reply(result.reply)
+        if result.status is Status.DELIVERED and count and told not in replies[rcpt]:
+            problems.append(
+                f"WRONG-REPLY: <{rcpt}> was told {told!r}, the MX said {sorted(replies[rcpt])!r}"
+            )
         limit = 2 if rcpt in ambiguous else 1
         if count > limit:
             problems.append(f"DUPLICATE: <{rcpt}> has {count} copies at the MX")
