@@ -16,6 +16,7 @@ BENCHMARKS = {
     "fairness": "fairness under a per-client connection limit (namespaces, root)",
     "unequal": "one heavy tenant and light ones at a connection limit (namespaces, root)",
     "suite": "congestion, resources and fairness, one README",
+    "xverp": "a mailing list: XVERP vs personalised copies through mailsluice and Postfix",
     "relay-core": "CPU of the pure relay per session (no I/O)",
     "log-writer": "records per second through the session log's writer",
     "filter-memory": "the proxy's memory with concurrent large messages through a filter",
@@ -62,6 +63,10 @@ def main(argv: list[str]) -> int:
         from mailsluice_lab.bench.scenarios import suite
 
         return suite.main(rest)
+    if name == "xverp":
+        from mailsluice_lab.bench import xverp
+
+        return xverp.main(rest)
     if name == "relay-core":
         from mailsluice_lab.bench import relay_core
 
