@@ -323,6 +323,10 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 if not isinstance(raw, bool):
                     raise ConfigError("log_headers: expected true or false")
                 relay = replace(relay, log_headers=raw)
+            case "xverp":
+                if not isinstance(raw, bool):
+                    raise ConfigError("xverp: expected true or false")
+                relay = replace(relay, xverp=raw)
             case "hostname":
                 relay = replace(relay, hostname=_string(raw, key))
             case "timeouts":

@@ -36,7 +36,9 @@ CONNECTED = ev.ServerConnected(SOURCE)
 
 # ----------------------------------------------------------------- the MX's side
 GREETING = b"220 mx.example ESMTP\r\n"
-EHLO_REPLY = b"250-mx.example\r\n250-PIPELINING\r\n250 8BITMIME\r\n"  # shown as it is
+EHLO_REPLY = b"250-mx.example\r\n250-PIPELINING\r\n250 8BITMIME\r\n"
+# EHLO_REPLY as the client sees it: the proxy adds its own XVERP (``xverp`` on by default)
+EHLO_SHOWN = b"250-mx.example\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 XVERP\r\n"
 EHLO_PLAIN = b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 52428800\r\n250 8BITMIME\r\n"
 EHLO_TLS = (
     b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 20000000\r\n250-STARTTLS\r\n"
@@ -48,7 +50,8 @@ EHLO_AFTER_TLS = (
 )
 # EHLO_AFTER_TLS as the client sees it with the default limit (10240000)
 EHLO_AFTER_TLS_SHOWN = (
-    b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250 ENHANCEDSTATUSCODES\r\n"
+    b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250-ENHANCEDSTATUSCODES\r\n"
+    b"250 XVERP\r\n"
 )
 
 # ----------------------------------------------------------------- the client's side
@@ -150,7 +153,7 @@ def greeted(config: RelayConfig | None = None, **options: Any) -> Playbook:
 
 def opened(config: RelayConfig | None = None, **options: Any) -> Playbook:
     """Greeted and past a plaintext EHLO, with no transaction."""
-    return greeted(config, **options) >> c(EHLO) << to_s(EHLO) >> s(EHLO_REPLY) << to_c(EHLO_REPLY)
+    return greeted(config, **options) >> c(EHLO) << to_s(EHLO) >> s(EHLO_REPLY) << to_c(EHLO_SHOWN)
 
 
 def in_body(config: RelayConfig | None = None, **options: Any) -> Playbook:

@@ -370,3 +370,16 @@ def test_http_detector_never_raises(line: bytes) -> None:
 def test_unbracketed_path_gets_the_checks_of_a_bracketed_one(line: bytes) -> None:
     """Found by fuzzing: a path without <> was checked less than one with them."""
     assert isinstance(parse_command(line), CommandError)
+
+
+@pytest.mark.parametrize("value", [b"+=", b"-=", b"=="])
+def test_xverp_takes_an_equals_sign_in_its_value_as_postfix_does(value: bytes) -> None:
+    parsed = parse_command(b"MAIL FROM:<a@b.example> XVERP=" + value)
+    assert isinstance(parsed, Command)
+    assert parsed.param("XVERP") == value
+
+
+def test_other_parameters_still_refuse_an_equals_sign_in_their_value() -> None:
+    parsed = parse_command(b"MAIL FROM:<a@b.example> ENVID=a=b")
+    assert isinstance(parsed, CommandError)
+    assert parsed.reply.code == 555

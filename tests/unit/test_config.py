@@ -28,6 +28,7 @@ bare_newline = "normalize"
 tls = "off"
 hostname = "gw.example"
 log_headers = true
+xverp = false
 shutdown_grace = 5
 verbose = true
 
@@ -46,6 +47,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert settings.relay.bare_newline is BareNewlinePolicy.REJECT
     assert settings.relay.tls is TlsMode.OPPORTUNISTIC
     assert settings.relay.message_size_limit == 10_240_000
+    assert settings.relay.xverp is True
     assert (settings.max_connections, settings.max_connections_per_client) == (1000, 200)
 
 
@@ -66,6 +68,7 @@ def test_every_key_is_read(tmp_path: Path) -> None:
     assert s.relay.tls is TlsMode.OFF
     assert s.relay.hostname == "gw.example"
     assert s.relay.log_headers is True
+    assert s.relay.xverp is False
     assert s.relay.timeouts.connect == 3
     assert s.relay.timeouts.data_done == 60.5
     assert s.relay.timeouts.greeting == 240  # untouched keys keep their defaults
@@ -108,6 +111,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("[timeouts]\nconnekt = 3", "timeouts.connekt"),
         ("[timeouts]\nconnect = -1", "timeouts.connect"),
         ('reuse_connections = "yes"', "reuse_connections: expected true or false"),
+        ("xverp = 1", "xverp: expected true or false"),
         ("reuse_idle_timeout = 0", "reuse_idle_timeout: must be at least"),
         ("reuse_max_sessions = 0", "reuse_max_sessions: must be at least 1"),
         ("reuse_max_idle = 1.5", "reuse_max_idle: expected a whole number"),

@@ -122,7 +122,10 @@ def test_plaintext_session_end_to_end() -> None:
         >> c(EHLO)
         << to_s(EHLO)
         >> s(EHLO_PLAIN)
-        << to_c(b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10000000\r\n250 8BITMIME\r\n")
+        << to_c(
+            b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10000000\r\n250-8BITMIME\r\n"
+            b"250 XVERP\r\n"
+        )
         >> c(MAIL)
         << to_s(MAIL)
         >> s(b"250 2.1.0 Ok\r\n")
@@ -152,7 +155,7 @@ def test_plaintext_session_end_to_end() -> None:
 def test_ehlo_reply_unchanged_is_logged_as_relayed() -> None:
     unchanged = b"250-mx.example\r\n250 PIPELINING\r\n"
     book = (
-        greeted(RelayConfig(message_size_limit=0))
+        greeted(RelayConfig(message_size_limit=0, xverp=False))
         >> c(EHLO)
         << to_s(EHLO)
         >> s(unchanged)
@@ -253,7 +256,10 @@ def test_ehlo_is_a_barrier() -> None:
         >> c(b"EHLO c.example\r\nMAIL FROM:<a@c.example>\r\n")
         << to_s(b"EHLO c.example\r\n")
         >> s(EHLO_PLAIN)
-        << to_c(b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250 8BITMIME\r\n")
+        << to_c(
+            b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250-8BITMIME\r\n"
+            b"250 XVERP\r\n"
+        )
         << to_s(b"MAIL FROM:<a@c.example>\r\n")
     )
 
@@ -450,7 +456,7 @@ def scripted_session(fast: bool) -> Playbook:
         >> c(b"EHLO me\r\n")
         << to_s(b"EHLO me\r\n")
         >> s(b"250-mx.example\r\n250 PIPELINING\r\n")
-        << to_c(b"250-mx.example\r\n250 PIPELINING\r\n")
+        << to_c(b"250-mx.example\r\n250-PIPELINING\r\n250 XVERP\r\n")
         >> c(b"MAIL FROM:<a@b>\r\nRCPT TO:<c@d>\r\nDATA\r\n")
         << to_s(b"MAIL FROM:<a@b>\r\n")
         << to_s(b"RCPT TO:<c@d>\r\n")

@@ -25,6 +25,7 @@ from tests.unit.relay_wire import (
     EHLO_AFTER_TLS,
     EHLO_AFTER_TLS_SHOWN,
     EHLO_REPLY,
+    EHLO_SHOWN,
     EHLO_TLS,
     GREETING,
     MAIL,
@@ -46,7 +47,7 @@ CAPACITY = re.compile(r"too many connections", re.IGNORECASE)
 MEMO = act.UpstreamState(
     greeting=reply(GREETING),
     hello="EHLO client.example",
-    hello_reply=reply(EHLO_REPLY),
+    hello_reply=reply(EHLO_SHOWN),
     tls=None,
 )
 REUSED = act.ReusedUpstream(MEMO, "203.0.113.5:50001", 3)
@@ -68,7 +69,7 @@ def borrowed(cached: act.UpstreamState | None = MEMO, **config: object) -> Relay
 
 def greeted_from_memory(**config: object) -> Playbook:
     """Greeted and EHLO answered from what the destination said before: no connection."""
-    return Playbook(borrowed(**config)) >> START << to_c(GREETING) >> c(EHLO) << to_c(EHLO_REPLY)
+    return Playbook(borrowed(**config)) >> START << to_c(GREETING) >> c(EHLO) << to_c(EHLO_SHOWN)
 
 
 def waiting() -> Playbook:
@@ -133,7 +134,7 @@ def test_the_clients_other_name_is_said_to_a_reused_connection_first() -> None:
         >> START
         << to_c(GREETING)
         >> c(other)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
         >> c(MAIL)
         << act.AcquireServer()
         >> ev.ServerReused(REUSED)
@@ -271,7 +272,7 @@ def test_first_contact_asks_at_once_and_the_client_drives_the_set_up() -> None:
         >> c(EHLO)
         << to_s(EHLO)
         >> s(EHLO_REPLY)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
         << act.ReleaseServer(MEMO)  # idle after EHLO: back to the tenant's pool
         >> c(MAIL)
         << act.AcquireServer()
@@ -310,7 +311,7 @@ def test_first_contact_granted_a_connection_already_greeted_gets_its_greeting() 
         << to_c(GREETING)
         << act.ReleaseServer(MEMO)  # idle: back at once; the EHLO from what it told
         >> c(EHLO)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
     )
     assert book
 

@@ -12,6 +12,7 @@ from tests.unit.relay_wire import (
     DESTINATION,
     EHLO,
     EHLO_REPLY,
+    EHLO_SHOWN,
     GREETING,
     MAIL,
     NOT_IMPLEMENTED,
@@ -34,8 +35,8 @@ pytestmark = pytest.mark.unit
 
 STARTTLS = b"STARTTLS\r\n"
 READY = b"220 2.0.0 Ready to start TLS\r\n"
-# EHLO_REPLY with our STARTTLS: what a plaintext client of a TLS-offering proxy sees
-EHLO_OFFERED = b"250-mx.example\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 STARTTLS\r\n"
+# EHLO_REPLY with our XVERP and STARTTLS: what a plaintext client of a TLS-offering proxy sees
+EHLO_OFFERED = b"250-mx.example\r\n250-PIPELINING\r\n250-8BITMIME\r\n250-XVERP\r\n250 STARTTLS\r\n"
 STARTED = ev.ClientTlsStarted("TLSv1.3", "TLS_AES_256_GCM_SHA384")
 ALREADY = b"503 5.5.1 Error: TLS already active\r\n"
 IN_TRANSACTION = b"503 5.5.1 Error: MAIL transaction in progress\r\n"
@@ -82,7 +83,7 @@ def test_starttls_then_ehlo_again_over_tls_without_starttls_and_a_message() -> N
         >> c(EHLO)
         << to_s(EHLO)  # relayed like any EHLO (the MX resets its state)
         >> s(EHLO_REPLY)
-        << to_c(EHLO_REPLY)  # no STARTTLS inside TLS
+        << to_c(EHLO_SHOWN)  # no STARTTLS inside TLS
         >> c(MAIL)
         << to_s(MAIL)
         >> s(b"250 2.1.0 Ok\r\n")
@@ -126,7 +127,7 @@ def test_commands_pipelined_after_starttls_are_discarded_never_relayed() -> None
         >> c(EHLO)
         << to_s(EHLO)
         >> s(EHLO_REPLY)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
     )
     assert book
     assert b"MAIL" not in sent_to_server(book)
@@ -180,7 +181,7 @@ def test_starttls_twice_is_refused() -> None:
         >> c(EHLO)
         << to_s(EHLO)
         >> s(EHLO_REPLY)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
         >> c(STARTTLS)
         << to_c(ALREADY)
     )
@@ -266,7 +267,7 @@ def test_tls_events_out_of_turn_are_a_bug_of_ours() -> None:
 
 # ----------------------------------------------------------------- the leases' memory
 MEMO = act.UpstreamState(
-    greeting=reply(GREETING), hello="EHLO client.example", hello_reply=reply(EHLO_REPLY),
+    greeting=reply(GREETING), hello="EHLO client.example", hello_reply=reply(EHLO_SHOWN),
     tls=None,
 )  # fmt: skip
 
@@ -289,7 +290,7 @@ def test_ehlo_answered_from_the_borrowed_leases_memory_offers_starttls_only_in_p
         >> c(MAIL)
         << to_c(HELLO_FIRST)
         >> c(EHLO)
-        << to_c(EHLO_REPLY)  # from memory again, without STARTTLS
+        << to_c(EHLO_SHOWN)  # from memory again, without STARTTLS
         >> c(MAIL)
         << act.AcquireServer()
     )

@@ -18,6 +18,7 @@ from tests.unit.relay_wire import (
     DATA,
     EHLO,
     EHLO_REPLY,
+    EHLO_SHOWN,
     GREETING,
     LOST,
     MAIL,
@@ -74,7 +75,7 @@ def ehlo() -> Playbook:
 
 
 def idle() -> Playbook:
-    return ehlo() >> s(EHLO_REPLY) << to_c(EHLO_REPLY) << timer(T.client_idle, on_server=False)
+    return ehlo() >> s(EHLO_REPLY) << to_c(EHLO_SHOWN) << timer(T.client_idle, on_server=False)
 
 
 def mail() -> Playbook:

@@ -25,6 +25,7 @@ from tests.unit.relay_wire import (
     BODY,
     CONNECTED,
     EHLO_REPLY,
+    EHLO_SHOWN,
     GREETING,
     MAIL,
     RCPT,
@@ -129,7 +130,7 @@ def test_commands_pipelined_before_the_greeting_then_half_close_are_answered() -
         << to_c(GREETING)
         << to_s(b"EHLO early.example\r\n")
         >> s(EHLO_REPLY)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
         << to_s(b"QUIT\r\n")
         << act.CloseServer()
         << act.CloseClient(linger=False)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 def ehlo_answered(limit: int, mx_ehlo: bytes) -> Playbook:
     """Greeted; the client's EHLO relayed and the MX's reply in (the client's next)."""
     return (
-        greeted(RelayConfig(message_size_limit=limit))
+        greeted(RelayConfig(message_size_limit=limit, xverp=False))
         >> c(b"EHLO msa.example\r\n")
         << to_s(b"EHLO msa.example\r\n")
         >> s(mx_ehlo)

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.unit
 
 STARTTLS = b"STARTTLS\r\n"
 # EHLO_TLS as the client sees it: no STARTTLS, no CHUNKING, SIZE clamped to our limit
-EHLO_TLS_SHOWN = b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250 8BITMIME\r\n"
+EHLO_TLS_SHOWN = (
+    b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250-8BITMIME\r\n250 XVERP\r\n"
+)
 
 
 def offered(config: RelayConfig | None = None, **options: object) -> Playbook:
@@ -46,7 +48,8 @@ def test_starttls_then_ehlo_again_and_the_client_sees_post_tls_capabilities() ->
         << to_s(EHLO)
         >> s(EHLO_AFTER_TLS)
         << to_c(
-            b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 30000000\r\n250 ENHANCEDSTATUSCODES\r\n"
+            b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 30000000\r\n250-ENHANCEDSTATUSCODES\r\n"
+            b"250 XVERP\r\n"
         )
         # and the session goes on inside TLS
         >> c(b"MAIL FROM:<a@b.example>\r\n")
@@ -71,7 +74,10 @@ def test_starttls_refused_continues_in_plaintext_with_the_first_reply() -> None:
     assert (
         offered(RelayConfig(message_size_limit=0))
         >> s(b"454 4.7.0 TLS not available\r\n")
-        << to_c(b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 20000000\r\n250 8BITMIME\r\n")
+        << to_c(
+            b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 20000000\r\n250-8BITMIME\r\n"
+            b"250 XVERP\r\n"
+        )
         >> c(b"MAIL FROM:<>\r\n")
         << to_s(b"MAIL FROM:<>\r\n")
     )

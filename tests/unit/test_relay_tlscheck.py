@@ -18,6 +18,7 @@ from tests.unit.relay_wire import (
     DATA,
     EHLO,
     EHLO_REPLY,
+    EHLO_SHOWN,
     EHLO_TLS,
     GREETING,
     MAIL,
@@ -148,7 +149,7 @@ def test_late_binding_asks_once_the_borrowed_connection_is_ready() -> None:
         >> START
         << to_c(GREETING)
         >> c(EHLO)
-        << to_c(EHLO_REPLY)
+        << to_c(EHLO_SHOWN)
         >> c(MAIL + RCPT + DATA)
         << act.AcquireServer()  # no connection yet: the check waits for one
         >> ev.ServerReused(REUSED)

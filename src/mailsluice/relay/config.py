@@ -65,6 +65,7 @@ class RelayConfig:
     # shell when a policy can require more than opportunistic TLS
     tls_checks: bool = False
     log_headers: bool = False  # also log each message's header section (never the body)
+    xverp: bool = True  # offer XVERP (Postfix's VERP for list managers): ``relay.xverp``
     max_logged_headers: int = 16384  # bytes of header section kept for the log
     # Filter mode: the proxy answers DATA itself, takes the whole message, has the filters
     # judge it (``RunFilters``) and only then relays it; the MX gets a NOOP whenever it has

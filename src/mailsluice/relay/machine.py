@@ -59,6 +59,7 @@ from mailsluice.relay.state import (
 from mailsluice.relay.streaming import StreamingData
 from mailsluice.relay.tlscheck import PolicyChecks
 from mailsluice.relay.upgrade import TlsUpgrade
+from mailsluice.relay.xverp import Xverp
 from mailsluice.smtp import replies as rp
 from mailsluice.smtp.commands import Command, CommandError, looks_like_http, parse_command
 from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
@@ -84,7 +85,7 @@ class Relay:
     __slots__ = ("_cfg", "_client_desc", "_client_lines", "_client_tls", "_data", "_host",
                  "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
                  "_server_lines",
-                 "_state", "_timer", "_upgrade")  # fmt: skip
+                 "_state", "_timer", "_upgrade", "_verp")  # fmt: skip
 
     def __init__(
         self,
@@ -130,10 +131,11 @@ class Relay:
         self._upgrade = TlsUpgrade(
             state, out, self, allowed=tls_allowed or tls_required, required=tls_required,
             size_limit=config.message_size_limit, hostname=config.hostname,
-            remember=self._lease.remember_hello,
+            remember=self._lease.remember_hello, advertise=(b"XVERP",) if config.xverp else (),
         )  # fmt: skip
         self._policy = PolicyChecks(state, out, self, enabled=config.tls_checks)
         self._client_tls = ClientStartTls(state, out, self)
+        self._verp = Xverp(state, out, self, enabled=config.xverp)
         intake = BodyIntake(config, out)
         self._data: DataPhase = (
             FilteredData(state, out, self, intake, config)
@@ -330,6 +332,7 @@ class Relay:
             self.local(rp.upstream_lost(self._host), close="closed-by-proxy")
         elif verb == "EHLO" or verb == "HELO":
             self._client_tls.hello()
+            self._verp.end()
             if self._lease.hello(parsed):
                 return
             out.abort_transaction()
@@ -343,9 +346,14 @@ class Relay:
             if self._client_lines.buffered:  # more bytes behind DATA: it did not wait for 354
                 out.client_line(parsed.line, Direction.CLIENT_TO_PROXY)
                 self._sync_violation(None)  # the MX never sees this DATA
+            elif (refusal := self._verp.data_refusal()) is not None:
+                out.client_line(parsed.line, Direction.CLIENT_TO_PROXY)
+                self._error(refusal)
             else:
                 self._data.command(parsed)
         elif verb in _FORWARDED:
+            if verb == "RSET":
+                self._verp.end()
             if self._lease.idle_answer(parsed):
                 return
             if verb == "RSET":
@@ -382,12 +390,21 @@ class Relay:
             out.client_line(command.line, Direction.CLIENT_TO_PROXY)
             self.local(Reply.make(552, "5.3.4", "Error: message size exceeds fixed limit"))
             return
+        verp = self._verp.request(command)
+        if isinstance(verp, Reply):
+            out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+            self._error(verp)
+            return
+        self._verp.end()
         out.abort_transaction()
         params = tuple(k if v is None else f"{k}={v.decode('ascii', 'replace')}"
                        for k, v in command.params)  # fmt: skip
         out.account.start_transaction(command.address or b"", out.now, params)
         self._policy.new_transaction()
-        self.forward(command, Slot(Owed.MAIL, command=command), Await.MAIL)
+        if verp is None:
+            self.forward(command, Slot(Owed.MAIL, command=command), Await.MAIL)
+        else:
+            self._verp.begin(verp, command)
 
     def _rcpt(self, command: Command) -> None:
         account = self._out.account
@@ -395,6 +412,11 @@ class Relay:
         if txn is not None and len(txn.rcpt_to) >= self._cfg.max_recipients:
             self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
             self.local(Reply.make(452, "4.5.3", "Error: too many recipients"))
+            return
+        refusal = self._verp.rcpt_refusal()
+        if refusal is not None:
+            self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+            self.local(refusal)
             return
         account.add_recipient(command.address or b"")
         if not self._policy.rcpt(command):
@@ -498,6 +520,8 @@ class Relay:
                 self._upgrade.starttls_reply(sent, reply, clean_cut=clean)
             case Await.KEEPALIVE | Await.FILTERED_DATA:
                 self._data.mx_reply(sent, reply)
+            case Await.VERP_MAIL:
+                self._verp.mail_reply(sent, reply)
             case _:
                 assert_never(sent.what)
 
@@ -594,6 +618,7 @@ class Relay:
                     return
             case Owed.END_OF_DATA:
                 out.transaction_answered(reply)
+                self._verp.end()
             case Owed.QUIT:
                 self._close("quit")
                 return
@@ -616,13 +641,19 @@ class Relay:
     def forward(self, command: Command, slot: Slot, what: Await) -> None:
         """Owe the client ``slot`` and send its command to the MX, whose reply fills it
         (late binding: once the link is ready; the command waits in ``held`` till then)."""
+        if what is Await.RCPT and self._verp.forward_rcpt(command, slot):
+            return
+        self._state.owed.append(slot)
+        self.send(command, Sent(what, slot))
+
+    def send(self, command: Command, sent: Sent) -> None:
+        """Send a command to the MX, or hold it until the link is ready (late binding)."""
         state = self._state
-        state.owed.append(slot)
         if state.link is Link.OPEN and not state.held:
             self._out.command_to_server(command)
-            state.awaiting.append(Sent(what, slot))
+            state.awaiting.append(sent)
         else:
-            state.held.append((command, Sent(what, slot)))
+            state.held.append((command, sent))
             self._lease.need_link()
 
     # ----------------------------------------------------------------- endings

@@ -16,7 +16,7 @@ from typing import Protocol
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import Account, address_text, outcome_of
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, Slot
+from mailsluice.relay.state import Await, Sent, Slot
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
@@ -44,6 +44,9 @@ class Conductor(Protocol):
 
     def forward(self, command: Command, slot: Slot, what: Await) -> None:
         """Owe the client ``slot`` and send its command to the MX, whose reply fills it."""
+
+    def send(self, command: Command, sent: Sent) -> None:
+        """Send a command to the MX (or hold it till the link is ready), awaiting ``sent``."""
 
     def close_server(self) -> None:
         """Close the MX connection now (aborts any transaction in progress there)."""

@@ -41,6 +41,7 @@ from typing import TypeVar
 from mailsluice.relay.records import Direction
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
+from mailsluice.smtp.verp import VerpRequest
 
 
 class IllegalMove(RuntimeError):
@@ -169,6 +170,8 @@ class Await(enum.Enum):
     OTHER = "other"  # NOOP, VRFY, EXPN, HELP
     KEEPALIVE = "keepalive"  # ours: NOOP while the filters run, RSET after a refusal
     FILTERED_DATA = "filtered-data"  # ours: DATA after the filters said "relay"
+    VERP_MAIL = "verp-mail"  # XVERP: MAIL with the first recipient's return path; its
+    # reply fills that RCPT's slot only if it is a refusal (``xverp``)
 
 
 @dataclass(slots=True)
@@ -204,12 +207,25 @@ class PolicyCheck:
     asked: bool = False  # CheckTlsPolicy is out (it waits for the link to be open)
 
 
+@dataclass(slots=True)
+class VerpTransaction:
+    """A client transaction under XVERP (``xverp``): MAIL answered by us, one recipient.
+
+    It lasts from the client's MAIL to what ends the transaction in the client's view
+    (RSET, EHLO/HELO, the reply to end-of-data, a new MAIL): not to the log's end of it,
+    which a deferral by us can reach earlier."""
+
+    request: VerpRequest
+    mail: Command  # the client's MAIL: its other parameters go upstream
+    recipient: Slot | None = None  # the one RCPT that goes upstream (a barrier till answered)
+
+
 class RelayState:
     """The relay's state (see the module docstring); every move is checked."""
 
     __slots__ = ("awaiting", "client_tls", "draining", "errors", "held", "input", "link",
                  "message", "mx_heard_at", "owed", "policy_check", "policy_passed",
-                 "stage")  # fmt: skip
+                 "stage", "verp")  # fmt: skip
 
     def __init__(self, *, client_tls: bool = False) -> None:
         self.stage = Stage.OPENING
@@ -228,6 +244,7 @@ class RelayState:
         # policy this transaction's connection met (cleared at each MAIL)
         self.policy_check: PolicyCheck | None = None
         self.policy_passed: set[str] = set()
+        self.verp: VerpTransaction | None = None  # the transaction under XVERP, if any
 
     # ------------------------------------------------------------- transitions
     def enter(self, stage: Stage) -> None:

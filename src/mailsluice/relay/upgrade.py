@@ -32,8 +32,8 @@ HelloMemo = Callable[[Slot | None, Reply], None]  # keeps what the client was to
 class TlsUpgrade:
     """EHLO replies, STARTTLS and the handshake's outcome."""
 
-    __slots__ = ("_allowed", "_host", "_out", "_relay", "_remember", "_required", "_size_limit",
-                 "_state")  # fmt: skip
+    __slots__ = ("_advertise", "_allowed", "_host", "_out", "_relay", "_remember", "_required",
+                 "_size_limit", "_state")  # fmt: skip
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class TlsUpgrade:
         size_limit: int,
         hostname: str,
         remember: HelloMemo,
+        advertise: tuple[bytes, ...] = (),
     ) -> None:
         self._state = state
         self._out = out
@@ -55,6 +56,7 @@ class TlsUpgrade:
         self._size_limit = size_limit
         self._host = hostname
         self._remember = remember
+        self._advertise = advertise  # our own extensions for the client (XVERP)
 
     def hello_reply(self, sent: Sent, reply: Reply, *, more_buffered: bool) -> None:
         """The MX answered EHLO/HELO (before TLS, or after it: ``HELLO_AFTER_TLS``): the
@@ -133,7 +135,9 @@ class TlsUpgrade:
         """The final answer to an EHLO (edited for the client) or HELO: the client's
         reply, or (``slot`` None) the end of a late set-up, which the lease takes."""
         ehlo_verb = command is not None and command.verb == "EHLO"
-        edited = ehlo.edit_for_client(reply, self._size_limit) if ehlo_verb else reply
+        edited = (
+            ehlo.edit_for_client(reply, self._size_limit, self._advertise) if ehlo_verb else reply
+        )
         if slot is None:
             self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
             self._remember(None, edited)

@@ -30,6 +30,9 @@ HTTP_HEADER = re.compile(rb"^(Host|User-Agent|Content-Type|Content-Length|Accept
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _PARAM_KEYWORD = re.compile(rb"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _PARAM_VALUE = re.compile(rb"^[\x21-\x3c\x3e-\x7e\x80-\xff]+$")
+# Postfix's XVERP takes "=" in its value (``XVERP=+=``, its default delimiters), which
+# RFC 5321's esmtp-value excludes; ``smtp.verp`` checks the two characters
+_XVERP_VALUE = re.compile(rb"^[\x21-\x7e]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,10 @@ def _parse_params(text: bytes) -> tuple[tuple[str, bytes | None], ...] | None:
     params: list[tuple[str, bytes | None]] = []
     for item in text.split():
         key, eq, value = item.partition(b"=")
-        if not _PARAM_KEYWORD.match(key) or (eq and not _PARAM_VALUE.match(value)):
+        if not _PARAM_KEYWORD.match(key):
+            return None
+        xverp = key.upper() == b"XVERP" and _XVERP_VALUE.match(value)
+        if eq and not _PARAM_VALUE.match(value) and not xverp:
             return None
         params.append((key.decode("ascii").upper(), value if eq else None))
     return tuple(params)

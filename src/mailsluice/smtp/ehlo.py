@@ -3,9 +3,10 @@
 The proxy terminates TLS toward the MX and relays only what it understands, so the list
 passed to the client is an allowlist: STARTTLS (we do TLS ourselves), CHUNKING/BDAT and
 BINARYMIME (unframed payloads), REQUIRETLS (we cannot promise it), AUTH, XCLIENT and
-unknown keywords are removed; SIZE is clamped to our own limit. SIZE is not added when
-the MX does not offer it: MAIL FROM is relayed as written, so the client's ``SIZE=`` would
-reach an MX that never offered the extension (RFC 1870 §5; RFC 5321 allows it a 555).
+unknown keywords are removed (XVERP too: the relay offers its own, ``relay.xverp``);
+SIZE is clamped to our own limit. SIZE is not added when the MX does not offer it: MAIL
+FROM is relayed as written, so the client's ``SIZE=`` would reach an MX that never
+offered the extension (RFC 1870 §5; RFC 5321 allows it a 555).
 The edit works on the parsed lines, never by string replacement, and keeps the reply
 well formed.
 """
@@ -53,8 +54,9 @@ def _greeting_line(reply: Reply) -> bytes:
     return reply.lines[0]
 
 
-def edit_for_client(reply: Reply, size_limit: int) -> Reply:
-    """The EHLO reply the client sees: allowlisted keywords, SIZE clamped to ``size_limit``.
+def edit_for_client(reply: Reply, size_limit: int, ours: tuple[bytes, ...] = ()) -> Reply:
+    """The EHLO reply the client sees: allowlisted keywords, SIZE clamped to ``size_limit``,
+    then the extensions the proxy itself offers (``ours``: XVERP, done by the relay).
 
     ``size_limit`` 0 means we impose none. A non-2xx reply is returned unchanged.
     """
@@ -69,6 +71,7 @@ def edit_for_client(reply: Reply, size_limit: int) -> Reply:
         if keyword == "SIZE":
             line = b"SIZE %d" % clamp_size(params.strip(), size_limit) if size_limit else line
         lines.append(line)
+    lines.extend(ours)
     return Reply(reply.code, tuple(lines))
 
 
