@@ -64,7 +64,7 @@ async def _send(proxy: Proxy, recipients: list[str], **options: object) -> ListO
 async def test_ehlo_advertises_xverp_only_when_enabled(
     proxy_factory: ProxyFactory, enabled: bool
 ) -> None:
-    async with ScriptedMX() as mx, proxy_factory(mx.address, settings={"xverp": enabled}) as proxy:
+    async with ScriptedMX() as mx, proxy_factory(mx.address, xverp=enabled) as proxy:
         client = await connect(proxy)
         async with client:
             ehlo = await greet(client)
