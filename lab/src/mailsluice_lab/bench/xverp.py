@@ -305,6 +305,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    machine = machine_info()  # the load when the run started
     try:
         runs = asyncio.run(run_all(opts))
     except KeyboardInterrupt:
@@ -320,7 +321,7 @@ def main(argv: list[str]) -> int:
         "benchmark": "xverp",
         "started_at": started_at,
         "parameters": parameters,
-        "machine": machine_info(),
+        "machine": machine,
         "summary": xverp_report.summarize(records),
         "runs": records,
     }
