@@ -193,14 +193,19 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("fair_sharing", [False, True], ids=["dedicated", "fair"])
 @pytest.mark.parametrize("name", list(CASES))
 async def test_faults_end_with_every_recipient_delivered_once(
-    proxy_factory: ProxyFactory, name: str
+    proxy_factory: ProxyFactory, name: str, fair_sharing: bool
 ) -> None:
+    """Fair sharing off (a connection per session) and on (the product's default: a
+    connection borrowed per transaction, idle ones kept): the same end."""
     case = CASES[name]
     async with (
         ScriptedMX(faults=case.faults, reject_rcpt=case.reject) as mx,
-        proxy_factory(mx.address, timeouts=case.slow or None) as proxy,
+        proxy_factory(
+            mx.address, timeouts=case.slow or None, fair=fair() if fair_sharing else None
+        ) as proxy,
     ):
         outcome = await deliver_list(
             lambda rcpts: _send(proxy, rcpts, xverp=""), RECIPIENTS, attempts=4
