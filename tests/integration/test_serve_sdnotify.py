@@ -171,3 +171,50 @@ def test_notify_speaks_the_protocol_and_only_when_asked() -> None:
     started = time.monotonic()
     assert notify("READY=1", environ={"NOTIFY_SOCKET": "@mailsluice-nobody-listens"}) is False
     assert time.monotonic() - started < 2
+
+
+def _children(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(child) for child in text.split()}
+
+
+async def test_a_restarted_worker_does_not_announce_again(tmp_path: Path) -> None:
+    """After READY=1, a worker that dies is restarted by the supervisor: systemd hears
+    nothing more until the stop (the service was ready all along)."""
+    with _manager(abstract=True) as (address, manager):
+        port = _free_port()
+        command = [
+            sys.executable, "-m", "mailsluice", "serve", "--workers", "2", "--no-fair-sharing",
+            "--listen", f"127.0.0.1:{port}", "--upstream", "127.0.0.1:9",
+            "--log", f"sqlite:{tmp_path / 'sessions.db'}",
+        ]  # fmt: skip
+        proc = _start(command, {**os.environ, "NOTIFY_SOCKET": address})
+        try:
+            _, lines = await asyncio.to_thread(_receive, manager, 30.0)
+            assert "READY=1" in lines
+            workers = _children(proc.pid)
+            victim = min(workers)
+            # (a worker that dies in its first 5 s is a failed start: everything stops)
+            await asyncio.sleep(5.5)
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:  # restarted (at most once a second)
+                now = _children(proc.pid)
+                if victim not in now and len(now) == len(workers) and _listening(port) == 2:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"worker {victim} was not replaced")
+            await asyncio.sleep(0.5)  # time for a (wrong) second announcement to arrive
+            manager.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                manager.recv(4096)
+            proc.send_signal(signal.SIGTERM)
+            _, lines = await asyncio.to_thread(_receive, manager, 10.0)
+            assert lines >= {"STOPPING=1"}
+            output = (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
+            assert proc.returncode == 0, output
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -107,6 +107,7 @@ class WorkersReadiness:
             if pid:
                 return pid, status
             select.select([self._sock], [], [], _POLL)
+        self._read()  # (a restarted worker's READY=1 says nothing new: drop it)
         return os.wait()
 
     def _read(self) -> None:
