@@ -81,6 +81,17 @@ def _keep_sending(port: int, stop: threading.Event, sent: list[int]) -> None:
         n += 1
 
 
+def _has_records(log: Path) -> bool:
+    return log.exists() and log.stat().st_size > 0
+
+
+async def _written(log: Path, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not _has_records(log):
+        assert asyncio.get_running_loop().time() < deadline, f"nothing written to {log}"
+        await asyncio.sleep(0.02)
+
+
 def _rotate(config: Path, state: Path) -> None:
     done = subprocess.run(
         ["logrotate", "-f", "-s", str(state), str(config)],
@@ -112,9 +123,12 @@ async def test_logrotate_while_the_proxy_writes_loses_nothing(tmp_path: Path) ->
                 for _ in range(3):
                     group.create_task(asyncio.to_thread(_keep_sending, port, stop, sent))
                 for _ in range(ROTATIONS):
-                    await asyncio.sleep(0.4)  # several of the writers' batches (50 ms each)
+                    # the writers reopened the path and wrote to it (batches every 50 ms)
+                    await _written(log)
+                    await asyncio.sleep(0.2)
                     await asyncio.to_thread(_rotate, config, state)
-                await asyncio.sleep(0.4)
+                await _written(log)
+                await asyncio.sleep(0.2)
                 stop.set()
             await mx.ledger.wait_for(len(sent), timeout=10)
         finally:
