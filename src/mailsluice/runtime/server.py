@@ -34,7 +34,7 @@ from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
-from mailsluice.runtime import clienttls, startup
+from mailsluice.runtime import clienttls, sdnotify, startup
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
 from mailsluice.runtime.handler import ClientProtocol
@@ -287,8 +287,11 @@ async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> in
         # after the log writer's process is started, so that it inherits SIGHUP ignored
         loop.add_signal_handler(signal.SIGHUP, log_hangup)
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
+        sdnotify.notify("READY=1", f"STATUS=listening on {proxy.listening_on}")  # Type=notify
         await stop.wait()
-        log.info("shutting down: %d connections open", len(proxy.services.connections))
+        open_now = len(proxy.services.connections)
+        sdnotify.notify("STOPPING=1", f"STATUS=stopping: {open_now} connections draining")
+        log.info("shutting down: %d connections open", open_now)
         await proxy.shutdown()
     return RESTART if broker_lost else 0
 
