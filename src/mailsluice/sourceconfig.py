@@ -95,11 +95,12 @@ def parse(addresses: Any, rules: Any, penalty: Any = None) -> SourceSettings:
             )
         pool.append(member)
     pools = tuple(SourcePool(name, tuple(found)) for name, found in members.items())
-    parsed = tuple(_rule(i, r, members) for i, r in enumerate(_list(rules, "source_rules")))
-    if parsed and not pools:
+    tables = _list(rules, "source_rules")
+    if tables and not pools:
         raise SourceConfigError(
             "source_rules: no pool to choose: define the addresses in [[source_addresses]]"
         )
+    parsed = tuple(_rule(i, r, members) for i, r in enumerate(tables))
     seconds = DEFAULT_PENALTY
     if penalty is not None:
         if isinstance(penalty, bool) or not isinstance(penalty, int | float) or penalty < 0:
