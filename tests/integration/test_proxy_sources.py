@@ -191,3 +191,20 @@ async def test_a_reputation_deferral_moves_the_next_transaction_to_another_addre
     assert all(s.delivered for s in sendings[1:])
     later = {str(s.peer[0]) for s in mx.sessions[1:]}
     assert later == {"127.0.0.11", "127.0.0.12"} - {first}
+
+
+async def test_an_mx_host_rule_matches_once_the_name_is_resolved(proxy_factory) -> None:
+    """``mx_host = "localhost"``: resolved by the proxy (as the ``[[destinations]]`` host
+    names are), then the MX at 127.0.0.1 is known by it and the rule applies."""
+    rules = [{"pool": "b", "mx_host": "localhost"}, {"pool": "a"}]
+    async with (
+        ScriptedMX() as mx,
+        proxy_factory(
+            mx.address, timeouts=FAST_TIMEOUTS, settings=_settings(_sources(rules))
+        ) as proxy,  # fmt: skip
+    ):
+        names = proxy.services.sources.names
+        assert await wait_until(lambda: "localhost" in names.names_of("127.0.0.1"), 5.0)
+        sendings = await session(proxy, "127.0.0.2", 1)
+    assert all(s.delivered for s in sendings)
+    assert _peers(mx) == ["127.0.0.12"]
