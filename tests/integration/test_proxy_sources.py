@@ -208,3 +208,25 @@ async def test_an_mx_host_rule_matches_once_the_name_is_resolved(proxy_factory) 
         sendings = await session(proxy, "127.0.0.2", 1)
     assert all(s.delivered for s in sendings)
     assert _peers(mx) == ["127.0.0.12"]
+
+
+async def test_a_blocklist_refusal_at_the_dot_moves_the_next_session(proxy_factory) -> None:
+    """A 5xx of the reputation class to the end of data (in dedicated mode): the client
+    gets it as it came, and the next session leaves from the pool's other address."""
+    refusal = b"554 5.7.1 Service unavailable; client host blocked using Spamhaus\r\n"
+    plan = [Fault(Phase.DOT, Action.REPLY_5XX, data=refusal, connection=1)]
+    async with (
+        ScriptedMX(faults=plan) as mx,
+        proxy_factory(
+            mx.address, timeouts=FAST_TIMEOUTS, settings=_settings(_sources([{"pool": "both"}]))
+        ) as proxy,  # fmt: skip
+    ):
+        sendings = await session(proxy, "127.0.0.2", 1)
+        sendings += await session(proxy, "127.0.0.2", 1)
+        penalties = proxy.services.sources.penalties()
+    mx.ledger.assert_no_loss(results_of(sendings))
+    assert sendings[0].saw("554 5.7.1")
+    assert sendings[1].delivered
+    first, second = _peers(mx)
+    assert penalties == {first: 1}
+    assert {first, second} == {"127.0.0.11", "127.0.0.12"}
