@@ -155,3 +155,14 @@ def test_a_session_keeps_its_address_while_it_may() -> None:
     first = _pick(selector)
     assert first is not None
     assert all(_pick(selector, current=first) == first for _ in range(20))
+
+
+def test_a_reload_keeps_what_was_learned() -> None:
+    old = _selector()
+    old.deferred("192.0.2.1", MX, 421, BLOCKED, RULES, 1000.0)
+    old.seen(MX, ["x@gmail.com"])
+    new = _selector(seed=5)
+    new.keep_state_of(old)
+    assert new.penalties() == {"192.0.2.1": 1}
+    assert new.out(1000.0) == old.out(1000.0)
+    assert _pick(new, now=1001.0) == "192.0.2.9"  # the gmail binding holds

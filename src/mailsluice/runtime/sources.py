@@ -155,6 +155,13 @@ class SourceSelector:
     def _is_ours(self, source: str) -> bool:
         return any(m.address == source for pool in self._pools.values() for m in pool.members)
 
+    def keep_state_of(self, old: SourceSelector) -> None:
+        """A reload: what ``old`` learned (penalties still running, their counts, the
+        recipient domains seen per MX) carries over to this selector of new settings."""
+        self._out = {mx: dict(sources) for mx, sources in old._out.items()}
+        self._penalties = dict(old._penalties)
+        self._seen = {mx: set(domains) for mx, domains in old._seen.items()}
+
     # ------------------------------------------------------------ for the operator
     def penalties(self) -> dict[str, int]:
         """Reputation penalties per source address since start (a counter, for metrics)."""
