@@ -1,7 +1,8 @@
 """Source addresses in namespaces: the gateway has two addresses on its uplink (and two
 IPv6 ones); ``[[source_rules]]`` give two tenants (client networks) different ones, and
 the MX, in a namespace of its own, sees each tenant's mail arrive from its address. An
-IPv6 MX is reached from the IPv6 member of the chosen pool (the IPv4 one cannot)."""
+IPv6 MX is reached from the IPv6 member of the chosen pool (the IPv4 one cannot); the
+MX hears each address's EHLO name before the mail."""
 
 from __future__ import annotations
 
@@ -65,3 +66,9 @@ client = ["10.251.1.128/25", "fd6d:736c:1::/64"]
         ]
         assert len(lab.received()) == 3
         assert proxy.stop() == 0, proxy.output()
+        # each a first contact: the client's EHLO, then the address's name before MAIL
+        names = ["first.gw.test", "second.gw.test", "second.gw.test"]
+        for session, name in zip(lab.sessions(), names, strict=True):
+            transcript = lab.transcript(str(session["id"]))
+            assert f"EHLO {name}" in transcript, transcript
+            assert transcript.index(f"EHLO {name}") < transcript.index("MAIL FROM"), transcript

@@ -103,3 +103,19 @@ def test_the_2xx_to_the_dot_is_still_only_the_mxs() -> None:
         )
     )
     assert granted
+
+
+def test_an_xverp_transaction_asks_with_its_first_recipient() -> None:
+    """XVERP: MAIL is answered here and goes out with the first RCPT, so the request
+    knows the recipient (a recipient_domain rule can apply at once)."""
+    book = (
+        greeted_from_memory()
+        >> c(b"MAIL FROM:<list@lists.example> XVERP\r\n")
+        << to_c(b"250 2.1.0 Ok\r\n")
+        >> c(RCPT)
+        << act.AcquireServer("list@lists.example", "b@mx.example")
+    )
+    assert book
+    assert [a for a in book.seen if isinstance(a, act.AcquireServer)] == [
+        act.AcquireServer("list@lists.example", "b@mx.example")
+    ]
