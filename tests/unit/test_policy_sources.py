@@ -200,3 +200,38 @@ def test_the_sender_domain_is_the_normal_name_after_the_last_at(address: str) ->
     assert sender_domain("<>") is None
     assert sender_domain("") is None
     assert sender_domain("Someone@News.Example.COM.") == "news.example.com"
+
+
+tenant_names = st.sampled_from(["t1", "t2", "t3"])
+random_rules = st.lists(
+    st.builds(
+        SourceRule,
+        pool=st.sampled_from(["bulk", "vip"]),
+        tenants=st.frozensets(tenant_names, max_size=2),
+        senders=st.lists(st.sampled_from(["a.test", ".b.test"]), max_size=1).map(tuple),
+    ),
+    max_size=6,
+)
+
+
+@given(random_rules, tenant_names, st.sampled_from([None, "a.test", "x.b.test", "c.test"]))
+def test_the_rule_chosen_is_the_first_that_matches_in_file_order(
+    rules: list[SourceRule], tenant: str, sender: str | None
+) -> None:
+    """Against the plain reading: the first index whose tenants (if any) hold the tenant
+    and whose senders (if any) match the sender; the MX is IPv4, which both pools reach."""
+
+    def plain(rule: SourceRule) -> bool:
+        if rule.tenants and tenant not in rule.tenants:
+            return False
+        if not rule.senders:
+            return True
+        return sender is not None and any(
+            sender == s or (s.startswith(".") and sender.endswith(s)) for s in rule.senders
+        )
+
+    expected = next((i for i, rule in enumerate(rules) if plain(rule)), None)
+    assert first_rule(rules, POOLS, _at(tenant=tenant, sender=sender)) == expected
+    choice = _choose(rules, _at(tenant=tenant, sender=sender), 0.5)
+    assert choice.rule == expected
+    assert choice.pool == ("default" if expected is None else rules[expected].pool)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mailsluice.policy.destrules import name_matches, normal_name
 
@@ -62,10 +62,10 @@ class SourceAddress:
     address: str
     ehlo: str | None = None
     weight: float = 1.0
+    family: int = field(init=False, compare=False, repr=False)  # 4 or 6, read once
 
-    @property
-    def family(self) -> int:
-        return ipaddress.ip_address(self.address).version
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "family", ipaddress.ip_address(self.address).version)
 
 
 @dataclass(frozen=True, slots=True)
