@@ -194,11 +194,17 @@ def test_a_default_pool_of_the_other_family_stays_as_before() -> None:
 
 
 @given(st.emails())
-def test_the_sender_domain_is_the_normal_name_after_the_last_at(address: str) -> None:
-    domain = sender_domain(address)
-    assert domain is None or domain == domain.lower()
-    assert sender_domain("<>") is None
+def test_the_sender_domain_is_the_same_whatever_its_case_and_trailing_dot(address: str) -> None:
+    local, _, domain = address.rpartition("@")
+    found = sender_domain(address)
+    assert found is None or found == domain.lower().removesuffix(".")
+    assert sender_domain(f"{local}@{domain.upper()}.") == found
+
+
+def test_a_null_or_domainless_sender_has_no_domain() -> None:
     assert sender_domain("") is None
+    assert sender_domain("postmaster") is None
+    assert sender_domain("a@[192.0.2.1]") is None  # an address literal is no domain
     assert sender_domain("Someone@News.Example.COM.") == "news.example.com"
 
 
