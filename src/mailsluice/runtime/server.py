@@ -145,6 +145,7 @@ class Proxy:
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
         self._resolving: asyncio.Task[None] | None = None  # the host rules' names
+        self._source_names: asyncio.Task[None] | None = None  # the source rules' MX names
 
     @property
     def port(self) -> int:
@@ -201,6 +202,8 @@ class Proxy:
         if destinations is not None and destinations.names.needed and not self.settings.shared_fair:
             # (with several workers the broker resolves them, where the scheduler is)
             self._resolving = self._group.create_task(destinations.names.run())
+        if self.services.sources.names.needed:  # the mx_host names of [[source_rules]]
+            self._source_names = self._group.create_task(self.services.sources.names.run())
         if self._tls_results is not None:
             self._reporting = self._group.create_task(self._tls_results.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
@@ -228,6 +231,9 @@ class Proxy:
         if self._resolving is not None:
             self._resolving.cancel()
             self._resolving = None
+        if self._source_names is not None:
+            self._source_names.cancel()
+            self._source_names = None
         if self._state is not None:
             self._state.stop()
             self._state = None
