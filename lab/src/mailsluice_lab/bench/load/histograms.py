@@ -1,0 +1,70 @@
+"""Latency histograms of ``bench load``: HdrHistogram per phase, per second, mergeable.
+
+Values are recorded in microseconds (1 us to ``HIGHEST_US``, larger values are clamped).
+A worker process sends its histograms to the parent encoded (HdrHistogram's compressed
+base64 form, ``HdrHistogram.encode``); the parent decodes them and ``add``s them, which gives
+exactly the histogram of all the values (``tests/unit/test_load_histograms.py``).
+Whole-run histograms keep 3 significant digits, the per-second ones 2 (they are many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from hdrh.histogram import HdrHistogram
+
+LOWEST_US = 1
+HIGHEST_US = 600_000_000  # 10 minutes
+RUN_DIGITS = 3
+SECOND_DIGITS = 2
+PERCENTILES = (50.0, 90.0, 99.0)
+
+
+def new_histogram(digits: int = RUN_DIGITS) -> HdrHistogram:
+    """An empty histogram for latencies in microseconds."""
+    return HdrHistogram(LOWEST_US, HIGHEST_US, digits)
+
+
+def record_seconds(histogram: HdrHistogram, seconds: float) -> None:
+    """Record one latency given in seconds (clamped into the histogram's range)."""
+    micros = int(seconds * 1_000_000)
+    histogram.record_value(LOWEST_US if micros < LOWEST_US else min(micros, HIGHEST_US))
+
+
+def encode(histogram: HdrHistogram) -> str:
+    """The histogram as text (for JSON between processes)."""
+    encoded = histogram.encode()
+    return encoded.decode("ascii") if isinstance(encoded, bytes) else str(encoded)
+
+
+def merge_encoded(encoded: Iterable[str], digits: int = RUN_DIGITS) -> HdrHistogram:
+    """One histogram holding every value of the encoded ones."""
+    total = new_histogram(digits)
+    for text in encoded:
+        total.add(HdrHistogram.decode(text.encode("ascii")))
+    return total
+
+
+def summary_ms(histogram: HdrHistogram) -> dict[str, float | int]:
+    """count, p50, p90, p99, max and mean in milliseconds (3 decimals)."""
+    count = int(histogram.get_total_count())
+    if count == 0:
+        return {"count": 0}
+    result: dict[str, float | int] = {"count": count}
+    for percentile in PERCENTILES:
+        key = f"p{percentile:g}"
+        result[key] = round(histogram.get_value_at_percentile(percentile) / 1000.0, 3)
+    result["max"] = round(histogram.get_max_value() / 1000.0, 3)
+    result["mean"] = round(histogram.get_mean_value() / 1000.0, 3)
+    return result
+
+
+def merge_phase_maps(maps: Iterable[Mapping[str, str]], digits: int = RUN_DIGITS) -> dict[
+    str, HdrHistogram
+]:
+    """Merge {phase: encoded} maps from several workers into {phase: histogram}."""
+    by_phase: dict[str, list[str]] = {}
+    for mapping in maps:
+        for phase, text in mapping.items():
+            by_phase.setdefault(phase, []).append(text)
+    return {phase: merge_encoded(texts, digits) for phase, texts in by_phase.items()}
