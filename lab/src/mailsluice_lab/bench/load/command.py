@@ -59,30 +59,68 @@ def _positive(kind: type) -> Any:
 
 def add_generator_options(parser: argparse.ArgumentParser) -> None:
     """The options ``bench load`` and ``bench knee`` share."""
-    parser.add_argument("--clients", type=_positive(int), default=50,
-                        help="concurrent SMTP connections at most (all workers together)")
-    parser.add_argument("--ramp-up", type=float, default=0.0,
-                        help="seconds over which the rate (open) or clients (closed) grow to full")
-    parser.add_argument("--size", type=_checked(parse_size_spec), default="1k",
-                        help="message size: 2k, 1k-20k (uniform) or lognormal:MEDIAN:SIGMA")
-    parser.add_argument("--recipients", type=_checked(parse_count_range), default="1",
-                        help="recipients per message: N or LOW-HIGH")
-    parser.add_argument("--messages-per-connection", type=_positive(int), default=1,
-                        help="messages sent over one connection before QUIT (no RSET)")
-    parser.add_argument("--starttls", action="store_true",
-                        help="STARTTLS on every connection (certificate not verified)")
-    parser.add_argument("--pipelining", action="store_true",
-                        help="pipeline MAIL, RCPT and DATA when the server offers PIPELINING")
+    parser.add_argument(
+        "--clients",
+        type=_positive(int),
+        default=50,
+        help="concurrent SMTP connections at most (all workers together)",
+    )
+    parser.add_argument(
+        "--ramp-up",
+        type=float,
+        default=0.0,
+        help="seconds over which the rate (open) or clients (closed) grow to full",
+    )
+    parser.add_argument(
+        "--size",
+        type=_checked(parse_size_spec),
+        default="1k",
+        help="message size: 2k, 1k-20k (uniform) or lognormal:MEDIAN:SIGMA",
+    )
+    parser.add_argument(
+        "--recipients",
+        type=_checked(parse_count_range),
+        default="1",
+        help="recipients per message: N or LOW-HIGH",
+    )
+    parser.add_argument(
+        "--messages-per-connection",
+        type=_positive(int),
+        default=1,
+        help="messages sent over one connection before QUIT (no RSET)",
+    )
+    parser.add_argument(
+        "--starttls",
+        action="store_true",
+        help="STARTTLS on every connection (certificate not verified)",
+    )
+    parser.add_argument(
+        "--pipelining",
+        action="store_true",
+        help="pipeline MAIL, RCPT and DATA when the server offers PIPELINING",
+    )
     parser.add_argument("--from", dest="mail_from", default="load@bench.mailsluice.test")
     parser.add_argument("--to-domain", default="sink.bench.mailsluice.test")
     parser.add_argument("--helo", default="load.bench.mailsluice.test")
-    parser.add_argument("--workers", type=_positive(int), default=1,
-                        help="generator processes, each with its own uvloop event loop")
-    parser.add_argument("--backlog", type=_positive(int), default=10_000,
-                        help="open model: arrivals waiting for a free client, per worker")
-    parser.add_argument("--timeout", type=_positive(float), default=30.0,
-                        help="seconds every connect and every reply may take")
-    parser.add_argument("--seed", type=int, default=1, help="sizes and recipient counts")  # fmt: skip
+    parser.add_argument(
+        "--workers",
+        type=_positive(int),
+        default=1,
+        help="generator processes, each with its own uvloop event loop",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=_positive(int),
+        default=10_000,
+        help="open model: arrivals waiting for a free client, per worker",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=30.0,
+        help="seconds every connect and every reply may take",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="sizes and recipient counts")
 
 
 def parse_options(argv: list[str]) -> argparse.Namespace:
@@ -91,19 +129,34 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
     parser.add_argument("--target", type=parse_target, required=True, help="HOST:PORT")
-    parser.add_argument("--rate", type=_positive(float), default=None,
-                        help="open model: messages per second offered (default: closed model)")
+    parser.add_argument(
+        "--rate",
+        type=_positive(float),
+        default=None,
+        help="open model: messages per second offered (default: closed model)",
+    )
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--duration", type=_positive(float), help="seconds (default 10)")
     stop.add_argument("--messages", type=_positive(int), help="messages in all")
-    parser.add_argument("--time-cap", type=_positive(float), default=None,
-                        help="hard limit, seconds (default: duration + 60, or 600)")
+    parser.add_argument(
+        "--time-cap",
+        type=_positive(float),
+        default=None,
+        help="hard limit, seconds (default: duration + 60, or 600)",
+    )
     add_generator_options(parser)
     parser.add_argument("--jtl", type=Path, help="write a JMeter CSV results file here")
-    parser.add_argument("--jtl-phases", action="store_true",
-                        help="also one JTL row per SMTP phase (connect, greeting, EHLO, ...)")
-    parser.add_argument("--out", type=Path, default=Path("lab/results/load"),
-                        help="where load.json, load.md and the PNGs go")
+    parser.add_argument(
+        "--jtl-phases",
+        action="store_true",
+        help="also one JTL row per SMTP phase (connect, greeting, EHLO, ...)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("lab/results/load"),
+        help="where load.json, load.md and the PNGs go",
+    )
     parser.add_argument("--server-pid", type=int, help="measure this process tree's CPU too")
     parser.add_argument("--quiet", action="store_true", help="no progress line")  # fmt: skip
     args = parser.parse_args(argv)
@@ -114,8 +167,16 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def worker_config(args: argparse.Namespace, host: str, port: int, *, rate: float | None,
-                  duration: float | None, messages: int | None, time_cap: float) -> WorkerConfig:  # fmt: skip
+def worker_config(
+    args: argparse.Namespace,
+    host: str,
+    port: int,
+    *,
+    rate: float | None,
+    duration: float | None,
+    messages: int | None,
+    time_cap: float,
+) -> WorkerConfig:
     """A ``WorkerConfig`` from parsed shared options (``bench knee`` uses this too)."""
     return WorkerConfig(
         host=host, port=port, clients=args.clients, rate=rate, ramp_up=args.ramp_up,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from hdrh.histogram import HdrHistogram
+from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
 LOWEST_US = 1
 HIGHEST_US = 600_000_000  # 10 minutes
@@ -59,9 +59,9 @@ def summary_ms(histogram: HdrHistogram) -> dict[str, float | int]:
     return result
 
 
-def merge_phase_maps(maps: Iterable[Mapping[str, str]], digits: int = RUN_DIGITS) -> dict[
-    str, HdrHistogram
-]:
+def merge_phase_maps(
+    maps: Iterable[Mapping[str, str]], digits: int = RUN_DIGITS
+) -> dict[str, HdrHistogram]:
     """Merge {phase: encoded} maps from several workers into {phase: histogram}."""
     by_phase: dict[str, list[str]] = {}
     for mapping in maps:

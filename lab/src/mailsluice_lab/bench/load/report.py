@@ -70,7 +70,9 @@ def build_load_report(
     """The JSON report (everything in it is plain data)."""
     attempted = merged.completed + merged.failed
     latency = {
-        phase: summary_ms(merged.histograms[phase]) for phase in PHASES if phase in merged.histograms
+        phase: summary_ms(merged.histograms[phase])
+        for phase in PHASES
+        if phase in merged.histograms
     }
     return {
         "benchmark": "load",

@@ -99,7 +99,8 @@ async def run_load(
             values: MutableSequence[float] = [0.0] * PROGRESS_SLOTS
             results = await _in_process(configs[0], values, start_epoch, progress)
         else:
-            values = multiprocessing.get_context("spawn").Array("d", workers * PROGRESS_SLOTS)
+            shared: Any = multiprocessing.get_context("spawn").Array("d", workers * PROGRESS_SLOTS)
+            values = shared
             results = await _processes(configs, values, Path(tmp), start_epoch, progress)
         if progress is not None:
             progress("\n")

@@ -106,7 +106,7 @@ async def run_worker(config: WorkerConfig, progress: MutableSequence[float]) -> 
     jtl_file: IO[str] | None = None
     samples: list[Sample] = []
     if config.jtl_path is not None:
-        jtl_file = open(config.jtl_path, "w", newline="", encoding="utf-8")  # noqa: SIM115
+        jtl_file = Path(config.jtl_path).open("w", newline="", encoding="utf-8")  # noqa: SIM115, ASYNC230
     writer = JtlWriter(jtl_file, header=False) if jtl_file is not None else None
 
     def keep(sample: Sample) -> None:
