@@ -103,6 +103,13 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         default=(os.cpu_count() or 1) + 1,
         help="mailsluice serve --workers",
     )
+    parser.add_argument(
+        "--closed-seconds",
+        type=float,
+        default=10.0,
+        help="after the sweep, the closed model flat out for this long per "
+        "target (the generator's maximum against direct); 0: skip",
+    )
     parser.add_argument("--out", type=Path, default=Path("lab/results/knee"))
     add_generator_options(parser)
     parser.set_defaults(clients=200)
@@ -155,9 +162,10 @@ def count_at(samples: list[tuple[float, int]], when: float) -> int:
 
 
 async def _step(args: argparse.Namespace, sink: Sink, port: int, pid: int | None,
-                rate: float) -> dict[str, Any]:  # fmt: skip
-    config = worker_config(args, "127.0.0.1", port, rate=rate, duration=args.step_seconds,
-                           messages=None, time_cap=args.step_seconds + 30.0)  # fmt: skip
+                rate: float | None, seconds: float) -> dict[str, Any]:  # fmt: skip
+    """One step: ``rate`` msg/s offered for ``seconds`` (None: the closed model, flat out)."""
+    config = worker_config(args, "127.0.0.1", port, rate=rate, duration=seconds,
+                           messages=None, time_cap=seconds + 30.0)  # fmt: skip
     sink.counter.poll()
     before = sink.counter.messages
     server0 = tree_cpu_seconds(pid) if pid else None
@@ -172,17 +180,15 @@ async def _step(args: argparse.Namespace, sink: Sink, port: int, pid: int | None
             watcher.cancel()
     server1 = tree_cpu_seconds(pid) if pid else None
     sink1 = tree_cpu_seconds(sink.pid)
-    window = count_at(samples, result.start_epoch + args.step_seconds) - count_at(
-        samples, result.start_epoch
-    )
+    window = count_at(samples, result.start_epoch + seconds) - count_at(samples, result.start_epoch)
     merged = result.merged
     delivered = sink.counter.messages - before
     attempted = merged.completed + merged.failed
     hist = merged.histograms
     empty: dict[str, float | int] = {"count": 0}
     return {
-        "offered": rate,
-        "achieved": round(window / args.step_seconds, 1),
+        "offered": rate if rate is not None else "closed",
+        "achieved": round(window / seconds, 1),
         "accepted_per_s": round(merged.completed / result.wall_seconds, 1),
         "accepted": merged.completed,
         "delivered": delivered,
@@ -214,6 +220,7 @@ async def _target(args: argparse.Namespace, name: str, workdir: Path, deadline: 
         return {"status": "skipped", "note": reason, "steps": []}
     steps: list[dict[str, Any]] = []
     knee: dict[str, Any] | None = None
+    closed: dict[str, Any] | None = None
     try:
         async with smtp_sink(workdir, name, startup_timeout=30.0) as sink:
             ctx = Context(
@@ -226,16 +233,20 @@ async def _target(args: argparse.Namespace, name: str, workdir: Path, deadline: 
                     if time.monotonic() + args.step_seconds + args.drain_seconds > deadline:
                         log(f"{name}: the total time cap stops the sweep before {rate:g} msg/s")
                         break
-                    step = await _step(args, sink, endpoint.port, pid, rate)
+                    step = await _step(args, sink, endpoint.port, pid, rate, args.step_seconds)
                     steps.append(step)
                     why = knee_reason(step, args)
                     log(_step_line(name, step, why))
                     if why is not None:
                         knee = {"offered": rate, "reason": why}
                         break
+                if args.closed_seconds > 0 and time.monotonic() + args.closed_seconds < deadline:
+                    closed = await _step(args, sink, endpoint.port, pid, None, args.closed_seconds)
+                    log(f"{name:<11} closed model (flat out): {closed['achieved']} msg/s, "
+                        f"generator CPU {closed['generator_cpu_share']}")  # fmt: skip
     except (LabError, OSError, RuntimeError) as exc:
         return {"status": "failed", "note": str(exc), "steps": steps, "knee": knee}
-    return {"status": "ok", "steps": steps, "knee": knee,
+    return {"status": "ok", "steps": steps, "knee": knee, "closed_max": closed,
             "max_achieved": max((s["achieved"] for s in steps), default=0.0)}  # fmt: skip
 
 
@@ -273,9 +284,21 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{msg.get('p99', '-')} | {ind.get('p50', '-')} | {ind.get('p99', '-')} | "
                 f"{s['server_cpu_seconds']} | {s['generator_cpu_share']} |"
             )
+        closed = data.get("closed_max")
+        if closed:
+            lines += ["", f"Closed model, flat out ({closed['run_seconds']} s): "
+                      f"**{closed['achieved']} msg/s**, generator CPU "
+                      f"{closed['generator_cpu_share']} cores, server CPU "
+                      f"{closed['server_cpu_seconds']} s."]  # fmt: skip
         knee = data.get("knee")
         lines += ["", f"Knee: {knee['offered']:g} msg/s ({knee['reason']})" if knee
                   else "No knee within the rates tried.", ""]  # fmt: skip
+    ratio = report.get("generator_vs_mailsluice")
+    if ratio:
+        lines += [f"Generator maximum (closed model against smtp-sink, direct): "
+                  f"{ratio['generator_max_msg_per_s']} msg/s; mailsluice's maximum with the same "
+                  f"generator: {ratio['mailsluice_max_msg_per_s']} msg/s; ratio "
+                  f"**{ratio['ratio']}x**.", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -302,8 +325,25 @@ async def sweep(args: argparse.Namespace) -> dict[str, Any]:
                   drain_seconds=args.drain_seconds, min_ratio=args.min_ratio,
                   max_error_rate=args.max_error_rate, p99_bound_ms=args.p99_bound_ms,
                   mailsluice_workers=args.mailsluice_workers, via=list(args.via))  # fmt: skip
+    params["closed_seconds"] = args.closed_seconds
     return {"benchmark": "knee", "started_at": started_at, "parameters": params,
-            "machine": machine_info(), "targets": targets}  # fmt: skip
+            "machine": machine_info(), "targets": targets,
+            "generator_vs_mailsluice": generator_ratio(targets)}  # fmt: skip
+
+
+def generator_ratio(targets: dict[str, Any]) -> dict[str, Any] | None:
+    """The generator's maximum (closed model against direct smtp-sink) over mailsluice's."""
+
+    def closed(name: str) -> float | None:
+        data = targets.get(name) or {}
+        step = data.get("closed_max")
+        return float(step["achieved"]) if step else None
+
+    direct, mailsluice = closed("direct"), closed("mailsluice")
+    if not direct or not mailsluice:
+        return None
+    return {"generator_max_msg_per_s": direct, "mailsluice_max_msg_per_s": mailsluice,
+            "ratio": round(direct / mailsluice, 2)}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
