@@ -9,9 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice_lab.bench.load.histograms import (
+    SECOND_DIGITS,
+    coarser,
     encode,
+    histogram_of,
     merge_encoded,
     new_histogram,
+    quantize_us,
     record_seconds,
     summary_ms,
 )
@@ -71,3 +75,18 @@ def test_recorders_of_two_workers_merge_by_phase_second_and_error() -> None:
     assert sum(s.ok for s in merged.seconds.values()) == 3
     assert sum(sum(s.errors.values()) for s in merged.seconds.values()) == 3
     assert sum(s.hist["end-of-data"].get_total_count() for s in merged.seconds.values()) == 3
+
+
+@given(latencies)
+def test_counting_quantized_values_gives_the_same_histogram(values: list[float]) -> None:
+    direct, direct_coarse = new_histogram(), new_histogram(SECOND_DIGITS)
+    tally: dict[int, int] = {}
+    coarse: dict[int, int] = {}
+    for value in values:
+        record_seconds(direct, value)
+        record_seconds(direct_coarse, value)
+        key = quantize_us(value)
+        tally[key] = tally.get(key, 0) + 1
+        coarse[coarser(key)] = coarse.get(coarser(key), 0) + 1
+    assert encode(histogram_of(tally)) == encode(direct)
+    assert encode(histogram_of(coarse, SECOND_DIGITS)) == encode(direct_coarse)

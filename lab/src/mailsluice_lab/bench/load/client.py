@@ -258,9 +258,7 @@ class SmtpClient:
             await self._expect(conn, "DATA", started, 3)
         header, rest = self.bodies.parts(s.sizes.sample(self.rng))
         started = time.perf_counter()
-        conn.write(header)
-        conn.write(rest)
-        conn.write(END)
+        conn.writelines((header, rest, END))  # one writev
         self._phase = "end-of-data"
         reply = await conn.read(s.timeout)
         code, text, first = reply

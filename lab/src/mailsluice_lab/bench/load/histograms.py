@@ -31,6 +31,38 @@ def record_seconds(histogram: HdrHistogram, seconds: float) -> None:
     histogram.record_value(LOWEST_US if micros < LOWEST_US else min(micros, HIGHEST_US))
 
 
+def quantize_us(seconds: float) -> int:
+    """A latency in microseconds, rounded down to the start of its HdrHistogram bucket.
+
+    HdrHistogram with 3 significant digits keeps 11 bits of a value (2048 sub-buckets), so two
+    values with the same top 11 bits share a count; counting ``quantize_us`` values in a dict
+    and recording each with its count (``histogram_of``) gives the same histogram as recording
+    every value, for a fraction of the CPU (``record_value`` is pure Python).
+    """
+    micros = int(seconds * 1_000_000)
+    if micros < LOWEST_US:
+        return LOWEST_US
+    if micros > HIGHEST_US:
+        micros = HIGHEST_US
+    shift = micros.bit_length() - 11
+    return micros if shift <= 0 else (micros >> shift) << shift
+
+
+def coarser(micros: int, bits: int = 8) -> int:
+    """A ``quantize_us`` value kept to ``bits`` bits (8: the per-second histograms' 2 digits,
+    256 sub-buckets)."""
+    shift = micros.bit_length() - bits
+    return micros if shift <= 0 else (micros >> shift) << shift
+
+
+def histogram_of(tally: Mapping[int, int], digits: int = RUN_DIGITS) -> HdrHistogram:
+    """A histogram of ``{quantized value: count}``."""
+    histogram = new_histogram(digits)
+    for value, count in tally.items():
+        histogram.record_value(value, count)
+    return histogram
+
+
 def encode(histogram: HdrHistogram) -> str:
     """The histogram as text (for JSON between processes)."""
     encoded = histogram.encode()

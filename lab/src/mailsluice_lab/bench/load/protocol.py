@@ -107,6 +107,12 @@ class ReplyProtocol(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
+        if self._error is not None:
+            raise self._error
+        assert self.transport is not None
+        self.transport.writelines(parts)
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
