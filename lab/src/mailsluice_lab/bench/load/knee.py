@@ -40,7 +40,7 @@ from mailsluice_lab.bench.report import machine_info
 from mailsluice_lab.bench.smtptools import Sink, smtp_sink
 from mailsluice_lab.processes import LabError, tree_cpu_seconds
 
-DEFAULT_RATES = "100,200,400,600,800,1000,1300,1600,2000,2500,3000"
+DEFAULT_RATES = "100,200,300,400,500,600,800,1000,1300,1600,2000,2500,3000"
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
