@@ -6,9 +6,14 @@ label, response_code, response_message, thread_name, data_type, successful,
 assertion_results_failure_message, bytes, sent_bytes, thread_counts, url (JMeter 5), latency,
 idle_time, connect_time all saved; ``timestamp_format=ms``, ``default_delimiter=,``,
 ``print_field_names=true``), JMeter 5 result files in public repositories whose first line is
-exactly this header, and ``org.apache.jmeter.save.CSVSaveService`` (``csvReadFile`` reads
-quoted fields; ``getSampleSaveConfiguration(headerLine, ...)`` picks the columns from the
-header), so ``jmeter -g results.jtl -o report/`` reads the file.
+exactly this header, and the reader, ``org.apache.jmeter.save.CSVSaveService`` in apache/jmeter
+(``src/core/src/main/java/org/apache/jmeter/save/CSVSaveService.java``):
+``getSampleSaveConfiguration(headerLine, ...)`` picks the columns from the header (single-word
+names, one delimiter), ``makeResultFromDelimitedString`` reads them in exactly this order
+(timeStamp as epoch ms via ``Long.parseLong``; elapsed, bytes, sentBytes, Latency, IdleTime,
+Connect as longs; grpThreads, allThreads as ints; success via ``Boolean.valueOf``; URL and
+failureMessage skipped) and ``csvReadFile`` handles quoted fields. So
+``jmeter -g results.jtl -o report/`` reads the file (not run here: JMeter is not installed).
 
 One row per message (label ``SMTP message``) and, with ``phases=True``, one row per phase
 (labels ``connect``, ``greeting``, ``EHLO``, ``STARTTLS``, ``MAIL``, ``RCPT``, ``DATA``,
