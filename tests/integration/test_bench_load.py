@@ -63,6 +63,11 @@ async def test_open_model_counts_phases_and_refusals_by_code(tmp_path: Path) -> 
     assert {row["responseCode"] for row in messages} == {"250", "451"}
     assert {row["label"] for row in rows} >= {MESSAGE_LABEL, *PROTOCOL_PHASES}
     assert all(row["timeStamp"].isdigit() and int(row["elapsed"]) >= 0 for row in rows)
+    assert all(
+        int(row["bytes"]) > 0 and int(row["sentBytes"]) > 1000
+        for row in messages
+        if row["success"] == "true"
+    )
 
 
 async def test_two_worker_processes_split_and_merge_a_closed_run() -> None:

@@ -32,16 +32,27 @@ HEADER = b"From: <load@bench.mailsluice.test>\r\nSubject: mailsluice bench load\
 
 
 class Bodies:
-    """Message bodies (with the final ``.\\r\\n``) sliced from one precomputed block."""
+    """Message bodies sliced (not copied) from one precomputed block of lines.
+
+    The block is made for ``largest`` bytes and grown (doubled) the first time a larger
+    message is asked for, so a long-tailed size distribution costs memory only when drawn.
+    """
 
     def __init__(self, largest: int) -> None:
-        lines = max(0, largest - len(HEADER) - 2) // len(LINE) + 1
+        self._block = memoryview(b"")
+        self._grow(largest)
+
+    def _grow(self, size: int) -> None:
+        lines = max(0, size - len(HEADER) - 2) // len(LINE) + 1
         self._block = memoryview(b"\r\n" + LINE * lines)
 
     def parts(self, size: int) -> tuple[bytes, memoryview]:
-        """(header, rest including ``.\\r\\n``) of a message of about ``size`` bytes."""
+        """(header, the rest without the final ``.\\r\\n``) of about ``size`` bytes."""
         lines = max(0, size - len(HEADER) - 2) // len(LINE)
-        return HEADER, self._block[: 2 + lines * len(LINE)]
+        end = 2 + lines * len(LINE)
+        if end > len(self._block):
+            self._grow(max(size, 2 * len(self._block)))
+        return HEADER, self._block[:end]
 
 
 END = b".\r\n"
@@ -103,6 +114,7 @@ class SmtpClient:
         phase = "connect"
         connect_time = 0.0
         sent = 0
+        received_before = self.conn.received if self.conn is not None else 0
         try:
             if self.conn is None:
                 connect_time = await self._open()
@@ -127,7 +139,9 @@ class SmtpClient:
             rec.phase("message-intended", done - intended)
         rec.ok(sent)
         if self.jtl is not None:
-            self._sample(started, done, "250", "accepted", True, sent, eod_first, connect_time)
+            received = conn.received - received_before
+            self._sample(started, done, "250", "accepted", True, sent, eod_first, connect_time,
+                         received)  # fmt: skip
         self.sent_on_connection += 1
         if self.sent_on_connection >= self.s.messages_per_connection:
             self.quit_nowait()
@@ -145,13 +159,13 @@ class SmtpClient:
 
     _phase: str | None = None
 
-    def _sample(self, started: float, done: float, code: str, message: str, ok: bool,
-                sent: int, first_byte: float, connect: float) -> None:  # fmt: skip
+    def _sample(self, started: float, done: float, code: str, message: str, ok: bool, sent: int,
+                first_byte: float, connect: float, received: int = 0) -> None:  # fmt: skip
         assert self.jtl is not None
         self.jtl(Sample(
             started_epoch=started + self.epoch_offset, elapsed=done - started,
             label=MESSAGE_LABEL, code=code, message=message, thread=self.name, success=ok,
-            received_bytes=0, sent_bytes=sent, group_threads=self.s.clients,
+            received_bytes=received, sent_bytes=sent, group_threads=self.s.clients,
             all_threads=self.s.clients * self.s.workers, url=self.url,
             latency=max(0.0, first_byte - started), connect=connect,
         ))  # fmt: skip

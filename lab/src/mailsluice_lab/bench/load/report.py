@@ -39,6 +39,8 @@ def time_series(merged: Merged) -> list[dict[str, Any]]:
             "second": second, "ok": ok, "errors": errors,
             "error_rate": round(errors / (ok + errors), 4) if ok + errors else 0.0,
         }  # fmt: skip
+        if data and data.errors:
+            row["errors_by_key"] = dict(data.errors)
         if data:
             for phase, histogram in data.hist.items():
                 row[phase] = summary_ms(histogram)

@@ -72,7 +72,7 @@ def _largest(spec: Fixed | Uniform | LogNormal) -> int:
         return spec.size
     if isinstance(spec, Uniform):
         return spec.high
-    return 64 * 1024 * 1024
+    return spec.median * 4  # the block grows when a larger size is drawn
 
 
 def _tls_context() -> ssl.SSLContext:
@@ -102,7 +102,7 @@ async def run_worker(config: WorkerConfig, progress: MutableSequence[float]) -> 
         pipelining=config.pipelining, tls=_tls_context() if config.starttls else None,
         worker=config.worker, workers=config.workers, clients=my_clients,
     )  # fmt: skip
-    bodies = Bodies(min(_largest(sizes), 64 * 1024 * 1024))
+    bodies = Bodies(_largest(sizes))
     jtl_file: IO[str] | None = None
     samples: list[Sample] = []
     if config.jtl_path is not None:
