@@ -8,7 +8,13 @@ import time
 import pytest
 
 from mailsluice_lab.bench.load.command import parse_target
-from mailsluice_lab.bench.load.knee import count_at, generator_ratio, knee_reason, parse_rates
+from mailsluice_lab.bench.load.knee import (
+    best_achieved,
+    count_at,
+    generator_ratio,
+    knee_reason,
+    parse_rates,
+)
 from mailsluice_lab.bench.load.knee import markdown as knee_markdown
 from mailsluice_lab.bench.load.metrics import Recorder, merge_workers
 from mailsluice_lab.bench.load.report import build_load_report, errors_by_code, markdown
@@ -117,3 +123,9 @@ def test_generator_ratio_and_knee_markdown() -> None:
     assert "Knee: 100 msg/s (x)" in text
     assert "**4.0x**" in text
     assert generator_ratio({"direct": targets["direct"]}) is None
+
+
+def test_best_achieved_takes_any_step_or_the_closed_run() -> None:
+    assert best_achieved({"steps": [{"achieved": 900.0}], "closed_max": {"achieved": 800.0}}) == 900
+    assert best_achieved({"steps": [{"achieved": 90.0}], "closed_max": {"achieved": 800.0}}) == 800
+    assert best_achieved({"steps": [], "closed_max": None}) is None

@@ -246,8 +246,9 @@ async def _target(args: argparse.Namespace, name: str, workdir: Path, deadline: 
                         f"generator CPU {closed['generator_cpu_share']}")  # fmt: skip
     except (LabError, OSError, RuntimeError) as exc:
         return {"status": "failed", "note": str(exc), "steps": steps, "knee": knee}
-    return {"status": "ok", "steps": steps, "knee": knee, "closed_max": closed,
-            "max_achieved": max((s["achieved"] for s in steps), default=0.0)}  # fmt: skip
+    result: dict[str, Any] = {"status": "ok", "steps": steps, "knee": knee, "closed_max": closed}
+    result["max_achieved"] = best_achieved(result)
+    return result
 
 
 def _step_line(name: str, step: dict[str, Any], why: str | None) -> str:
@@ -295,8 +296,8 @@ def markdown(report: dict[str, Any]) -> str:
                   else "No knee within the rates tried.", ""]  # fmt: skip
     ratio = report.get("generator_vs_mailsluice")
     if ratio:
-        lines += [f"Generator maximum (closed model against smtp-sink, direct): "
-                  f"{ratio['generator_max_msg_per_s']} msg/s; mailsluice's maximum with the same "
+        lines += [f"Generator maximum (its best step against smtp-sink, direct): "
+                  f"{ratio['generator_max_msg_per_s']} msg/s; mailsluice's best with the same "
                   f"generator: {ratio['mailsluice_max_msg_per_s']} msg/s; ratio "
                   f"**{ratio['ratio']}x**.", ""]  # fmt: skip
     return "\n".join(lines)
@@ -331,15 +332,16 @@ async def sweep(args: argparse.Namespace) -> dict[str, Any]:
             "generator_vs_mailsluice": generator_ratio(targets)}  # fmt: skip
 
 
+def best_achieved(data: dict[str, Any]) -> float | None:
+    """A target's highest achieved rate: any open-model step or the closed model flat out."""
+    steps = [*data.get("steps", []), *([data["closed_max"]] if data.get("closed_max") else [])]
+    return max((float(step["achieved"]) for step in steps), default=None)
+
+
 def generator_ratio(targets: dict[str, Any]) -> dict[str, Any] | None:
-    """The generator's maximum (closed model against direct smtp-sink) over mailsluice's."""
-
-    def closed(name: str) -> float | None:
-        data = targets.get(name) or {}
-        step = data.get("closed_max")
-        return float(step["achieved"]) if step else None
-
-    direct, mailsluice = closed("direct"), closed("mailsluice")
+    """The generator's maximum (its best against direct smtp-sink) over mailsluice's best."""
+    direct = best_achieved(targets.get("direct") or {})
+    mailsluice = best_achieved(targets.get("mailsluice") or {})
     if not direct or not mailsluice:
         return None
     return {"generator_max_msg_per_s": direct, "mailsluice_max_msg_per_s": mailsluice,
