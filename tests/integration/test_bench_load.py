@@ -158,3 +158,6 @@ def test_knee_smoke_against_direct(tmp_path: Path) -> None:
     assert (tmp_path / "knee-throughput.png").read_bytes().startswith(b"\x89PNG")
     assert (tmp_path / "knee-latency.png").exists()
     assert "## direct" in (tmp_path / "knee.md").read_text()
+    (tmp_path / "knee.md").unlink()
+    assert bench_main(["knee", "--render", "--out", str(tmp_path)]) == 0  # from knee.json only
+    assert "## direct" in (tmp_path / "knee.md").read_text()

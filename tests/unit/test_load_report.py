@@ -103,10 +103,12 @@ def test_rates_and_targets_are_checked() -> None:
 
 
 def test_generator_ratio_and_knee_markdown() -> None:
-    step = {**_step(100, 99), "accepted_per_s": 100, "failed": 0, "end_of_data_ms": {},
-            "message_ms": {}, "server_cpu_seconds": 1.0, "generator_cpu_share": 0.2}  # fmt: skip
+    step = {**_step(100, 99), "accepted_per_s": 100, "accepted": 1000, "failed": 0,
+            "end_of_data_ms": {}, "message_ms": {}, "server_cpu_seconds": 1.0,
+            "generator_cpu_seconds": 0.25, "generator_cpu_share": 0.2}  # fmt: skip
     closed = {"achieved": 3000.0, "run_seconds": 10.0, "generator_cpu_share": 1.9,
-              "server_cpu_seconds": 3.0}  # fmt: skip
+              "server_cpu_seconds": 3.0, "generator_cpu_seconds": 3.0, "accepted": 30000,
+              "failed": 0}  # fmt: skip
     targets = {
         "direct": {"status": "ok", "steps": [step], "knee": None, "closed_max": closed},
         "mailsluice": {"status": "ok", "steps": [step], "knee": {"offered": 100, "reason": "x"},
@@ -122,6 +124,8 @@ def test_generator_ratio_and_knee_markdown() -> None:
     assert "needs root" in text
     assert "Knee: 100 msg/s (x)" in text
     assert "**4.0x**" in text
+    assert "| 1.00 | 0.25 | 0.2 |" in text  # CPU ms per message: server, generator; cores
+    assert "0.10 ms CPU per message; server 0.10 ms" in text
     assert generator_ratio({"direct": targets["direct"]}) is None
 
 

@@ -111,6 +111,11 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         "target (the generator's maximum against direct); 0: skip",
     )
     parser.add_argument("--out", type=Path, default=Path("lab/results/knee"))
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: rewrite knee.md and the PNGs from OUT/knee.json",
+    )
     add_generator_options(parser)
     parser.set_defaults(clients=200)
     args = parser.parse_args(argv)
@@ -260,6 +265,12 @@ def _step_line(name: str, step: dict[str, Any], why: str | None) -> str:
     )
 
 
+def per_message(step: dict[str, Any], key: str) -> str:
+    """CPU milliseconds per attempted message of ``step[key]`` (seconds), or ``-``."""
+    seconds, messages = step.get(key), step.get("accepted", 0) + step.get("failed", 0)
+    return "-" if seconds is None or not messages else f"{1000.0 * seconds / messages:.2f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """Tables per target."""
     lines = [f"# mailsluice bench knee ({report['started_at']})", "",
@@ -274,8 +285,10 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         lines += [
             "| offered | achieved | accepted/s | errors | eod p50 | eod p99 | msg p50 | "
-            "msg p99 | intended p50 | intended p99 | server CPU s | generator CPU |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "msg p99 | intended p50 | intended p99 | server CPU ms/msg | generator CPU ms/msg "
+            "| generator cores |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+            "| ---: |",
         ]
         for s in data["steps"]:
             eod, msg, ind = s["end_of_data_ms"], s["message_ms"], s["message_intended_ms"]
@@ -283,14 +296,17 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {s['offered']:g} | {s['achieved']} | {s['accepted_per_s']} | {s['failed']} | "
                 f"{eod.get('p50', '-')} | {eod.get('p99', '-')} | {msg.get('p50', '-')} | "
                 f"{msg.get('p99', '-')} | {ind.get('p50', '-')} | {ind.get('p99', '-')} | "
-                f"{s['server_cpu_seconds']} | {s['generator_cpu_share']} |"
+                f"{per_message(s, 'server_cpu_seconds')} | "
+                f"{per_message(s, 'generator_cpu_seconds')} | {s['generator_cpu_share']} |"
             )
         closed = data.get("closed_max")
         if closed:
+            generator_ms = per_message(closed, "generator_cpu_seconds")
+            server_ms = per_message(closed, "server_cpu_seconds")
             lines += ["", f"Closed model, flat out ({closed['run_seconds']} s): "
-                      f"**{closed['achieved']} msg/s**, generator CPU "
-                      f"{closed['generator_cpu_share']} cores, server CPU "
-                      f"{closed['server_cpu_seconds']} s."]  # fmt: skip
+                      f"**{closed['achieved']} msg/s**, generator "
+                      f"{closed['generator_cpu_share']} cores busy, {generator_ms} ms CPU per "
+                      f"message; server {server_ms} ms CPU per message."]  # fmt: skip
         knee = data.get("knee")
         lines += ["", f"Knee: {knee['offered']:g} msg/s ({knee['reason']})" if knee
                   else "No knee within the rates tried.", ""]  # fmt: skip
@@ -353,16 +369,25 @@ def main(argv: list[str]) -> int:
         args = parse_options(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    if args.render:
+        report = json.loads((args.out / "knee.json").read_text())
+        report["generator_vs_mailsluice"] = generator_ratio(report["targets"])
+        for data in report["targets"].values():
+            data["max_achieved"] = best_achieved(data)
+        return _write(report, args.out)
     try:
         report = asyncio.run(sweep(args))
     except KeyboardInterrupt:
         print("interrupted; every process the sweep started was stopped", file=sys.stderr)
         return 130
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "knee.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "knee.md").write_text(markdown(report))
-    plots = plot_knee(report, args.out)
+    return _write(report, args.out)
+
+
+def _write(report: dict[str, Any], out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "knee.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "knee.md").write_text(markdown(report))
+    plots = plot_knee(report, out)
     print(markdown(report))
-    print("written: " + ", ".join(str(p) for p in [args.out / "knee.json", args.out / "knee.md",
-                                                   *plots]))  # fmt: skip
+    print("written: " + ", ".join(str(p) for p in [out / "knee.json", out / "knee.md", *plots]))
     return 0 if all(t["status"] in ("ok", "skipped") for t in report["targets"].values()) else 1
