@@ -21,7 +21,13 @@ from typing import Any
 
 from mailsluice_lab.bench.load.plots import plot_load
 from mailsluice_lab.bench.load.report import build_load_report, markdown
-from mailsluice_lab.bench.load.run import LoadResult, run_load
+from mailsluice_lab.bench.load.run import (
+    LoadResult,
+    cancel_on_sigterm,
+    progress_to_stderr,
+    run_async,
+    run_load,
+)
 from mailsluice_lab.bench.load.sizes import parse_count_range, parse_size_spec
 from mailsluice_lab.bench.load.worker import WorkerConfig
 from mailsluice_lab.bench.report import machine_info
@@ -210,7 +216,10 @@ def measured_seconds(result: LoadResult, config: WorkerConfig) -> float:
 async def _run(args: argparse.Namespace, config: WorkerConfig) -> dict[str, Any]:
     cpu0 = tree_cpu_seconds(args.server_pid) if args.server_pid else None
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    result = await run_load(config, jtl=args.jtl, progress=None if args.quiet else _stderr)
+    with cancel_on_sigterm():
+        result = await run_load(
+            config, jtl=args.jtl, progress=None if args.quiet else progress_to_stderr
+        )
     cpu1 = tree_cpu_seconds(args.server_pid) if args.server_pid else None
     return build_load_report(
         merged=result.merged, wall_seconds=result.wall_seconds,
@@ -222,11 +231,6 @@ async def _run(args: argparse.Namespace, config: WorkerConfig) -> dict[str, Any]
         ),
         cut_off=result.cut_off,
     )  # fmt: skip
-
-
-def _stderr(line: str) -> None:
-    sys.stderr.write(line)
-    sys.stderr.flush()
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> list[Path]:
@@ -247,7 +251,10 @@ def main(argv: list[str]) -> int:
     config = worker_config(args, host, port, rate=args.rate, duration=args.duration,
                            messages=args.messages, time_cap=args.time_cap)  # fmt: skip
     try:
-        report = asyncio.run(_run(args, config))
+        report = run_async(_run(args, config))
+    except asyncio.CancelledError:
+        print("terminated; every process it started was stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted; the load workers were stopped", file=sys.stderr)
         return 130

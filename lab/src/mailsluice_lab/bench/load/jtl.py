@@ -67,6 +67,8 @@ def _ms(seconds: float) -> int:
 
 
 def _one_line(text: str) -> str:
+    """No line breaks inside a field: the csv module quotes only the ``\\n`` line terminator,
+    and a bare ``\\r`` would end the record for a reader that splits lines on it."""
     return text.replace("\r", " ").replace("\n", " ").strip()
 
 
@@ -76,10 +78,10 @@ def row(sample: Sample) -> list[str]:
     return [
         str(round(sample.started_epoch * 1000.0)),
         str(_ms(sample.elapsed)),
-        sample.label,
-        sample.code,
+        _one_line(sample.label),
+        _one_line(sample.code),
         message,
-        sample.thread,
+        _one_line(sample.thread),
         "text",
         "true" if sample.success else "false",
         "" if sample.success else message,
@@ -87,7 +89,7 @@ def row(sample: Sample) -> list[str]:
         str(sample.sent_bytes),
         str(sample.group_threads),
         str(sample.all_threads),
-        sample.url,
+        _one_line(sample.url),
         str(_ms(sample.latency)),
         "0",
         str(_ms(sample.connect)),

@@ -34,7 +34,7 @@ from mailsluice_lab.bench.forwarders import VARIANTS, Context, remove_tree, vari
 from mailsluice_lab.bench.load.command import add_generator_options, parameters, worker_config
 from mailsluice_lab.bench.load.histograms import summary_ms
 from mailsluice_lab.bench.load.plots import plot_knee
-from mailsluice_lab.bench.load.run import run_load
+from mailsluice_lab.bench.load.run import cancel_on_sigterm, run_async, run_load
 from mailsluice_lab.bench.relay import _make_workdir
 from mailsluice_lab.bench.report import machine_info
 from mailsluice_lab.bench.smtptools import Sink, smtp_sink
@@ -329,8 +329,9 @@ async def sweep(args: argparse.Namespace) -> dict[str, Any]:
         print(line, file=sys.stderr, flush=True)
 
     try:
-        for name in args.via:
-            targets[name] = await _target(args, name, workdir, deadline, log)
+        with cancel_on_sigterm():
+            for name in args.via:
+                targets[name] = await _target(args, name, workdir, deadline, log)
     finally:
         remove_tree(workdir)
     sample = worker_config(args, "127.0.0.1", 0, rate=1.0, duration=args.step_seconds,
@@ -376,7 +377,10 @@ def main(argv: list[str]) -> int:
             data["max_achieved"] = best_achieved(data)
         return _write(report, args.out)
     try:
-        report = asyncio.run(sweep(args))
+        report = run_async(sweep(args))
+    except asyncio.CancelledError:
+        print("terminated; every process it started was stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted; every process the sweep started was stopped", file=sys.stderr)
         return 130

@@ -15,18 +15,20 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, MutableSequence
+from collections.abc import Callable, Coroutine, Iterator, MutableSequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mailsluice_lab.bench.load.jtl import FIELDS
 from mailsluice_lab.bench.load.metrics import Merged, merge_workers
 from mailsluice_lab.bench.load.worker import PROGRESS_SLOTS, WorkerConfig, run_worker
 
+T = TypeVar("T")
 START_DELAY = 0.5  # seconds between launching the workers and the common start (in-process)
 SPAWN_DELAY = 2.0  # the same with worker processes (spawn + imports)
 
@@ -65,9 +67,35 @@ async def _show_progress(values: MutableSequence[float], workers: int, start_epo
         show(line)
 
 
-def _stderr(line: str) -> None:
+def progress_to_stderr(line: str) -> None:
+    """The progress line, rewritten in place on a terminal, one line a second otherwise."""
+    if not sys.stderr.isatty():
+        line = line.lstrip("\r").rstrip() + "\n" if line.strip() else ""
     sys.stderr.write(line)
     sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def cancel_on_sigterm() -> Iterator[None]:
+    """SIGTERM cancels the current task, so every ``async with`` tears down what it started."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop when it is installed (as the worker processes do), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    result: T = uvloop.run(main)
+    return result
 
 
 def _merge_jtl(target: Path, parts: list[Path]) -> None:
@@ -83,7 +111,7 @@ async def run_load(
     base: WorkerConfig,
     *,
     jtl: Path | None = None,
-    progress: Callable[[str], None] | None = _stderr,
+    progress: Callable[[str], None] | None = progress_to_stderr,
 ) -> LoadResult:
     """Run ``base.workers`` workers (``base.worker`` and ``start_epoch`` are set here)."""
     workers = base.workers
