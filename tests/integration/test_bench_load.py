@@ -106,7 +106,7 @@ def mx_in_thread() -> Iterator[int]:
     started, stop = threading.Event(), threading.Event()
 
     async def serve() -> None:
-        async with ScriptedMX(transcript=False, defer_rcpt=r"never-matches") as mx:
+        async with ScriptedMX(transcript=False) as mx:
             ready.append(mx.port)
             started.set()
             while not stop.is_set():

@@ -103,7 +103,6 @@ class SmtpClient:
         self.pipelining = False
         self.sent_on_connection = 0
         self.sequence = 0
-        self.active = 0  # messages in flight (for grpThreads)
 
     async def send(self, intended: float | None) -> bool:
         """Send one message; ``intended`` is when the open model scheduled it (perf_counter)."""
@@ -121,7 +120,7 @@ class SmtpClient:
             conn = self.conn
             assert conn is not None
             phase = "MAIL"
-            sent, eod_first = await self._transaction(conn)
+            sent, eod_first, reply = await self._transaction(conn)
         except (Failure, OSError, TimeoutError, ValueError, ProtocolError) as exc:
             failure = failure_from(exc, getattr(exc, "phase", None) or self._phase or phase)
             rec.error(failure.key)
@@ -140,7 +139,8 @@ class SmtpClient:
         rec.ok(sent)
         if self.jtl is not None:
             received = conn.received - received_before
-            self._sample(started, done, "250", "accepted", True, sent, eod_first, connect_time,
+            code, text = reply[:3].decode("latin-1"), reply[4:120].decode("latin-1")
+            self._sample(started, done, code, text, True, sent, eod_first, connect_time,
                          received)  # fmt: skip
         self.sent_on_connection += 1
         if self.sent_on_connection >= self.s.messages_per_connection:
@@ -243,7 +243,9 @@ class SmtpClient:
         text = await self._expect(conn, phase, begun if started is None else started, 2)
         return text.upper()
 
-    async def _transaction(self, conn: ReplyProtocol) -> tuple[int, float]:
+    async def _transaction(self, conn: ReplyProtocol) -> tuple[int, float, bytes]:
+        """MAIL, RCPTs, DATA, the body: (bytes of the body sent, when the first byte of the
+        end-of-data reply came, that reply)."""
         s = self.s
         self.sequence += 1
         count = s.recipients.sample(self.rng)
@@ -282,7 +284,7 @@ class SmtpClient:
         if code // 100 != 2:
             raise Failure("end-of-data", str(code), text.decode("latin-1").strip()[:200])
         self._phase = None
-        return len(header) + len(rest) + len(END), first
+        return len(header) + len(rest) + len(END), first, text
 
     async def quit(self) -> None:
         """QUIT (reply awaited briefly) and close; never raises."""
