@@ -20,6 +20,8 @@ BENCHMARKS = {
     "relay-core": "CPU of the pure relay per session (no I/O)",
     "log-writer": "records per second through the session log's writer",
     "filter-memory": "the proxy's memory with concurrent large messages through a filter",
+    "load": "JMeter-like SMTP load generator against any server (--target HOST:PORT)",
+    "knee": "bench load's open model at rising rates: mailsluice, Postfix, direct (saturation)",
 }
 
 
@@ -79,5 +81,13 @@ def main(argv: list[str]) -> int:
         from mailsluice_lab.bench import filter_memory
 
         return filter_memory.main(rest)
+    if name == "load":
+        from mailsluice_lab.bench.load import command as load_command
+
+        return load_command.main(rest)
+    if name == "knee":
+        from mailsluice_lab.bench.load import knee
+
+        return knee.main(rest)
     print(f"mailsluice bench: unknown benchmark {name!r}\n{usage()}", file=sys.stderr)
     return 2
