@@ -13,6 +13,14 @@ low, the cap is lowered to what fits and a warning names the fix, so a full prox
 ``421 4.3.2`` instead of running out of descriptors.
 
 The accept loop and the open-file budget are in ``runtime.listener``.
+
+Reload (SIGHUP; ``Proxy.reload``/``Proxy.reload_from_source``, the entry points of
+``mailsluice ctl reload`` too): the configuration is read again and what can change at
+run time is applied to new sessions, sessions in flight finishing under the settings they
+started with (``runtime.reload``). With ``--workers N`` the supervisor checks the file
+first (an invalid one is refused once, in its log, and reaches no worker), then forwards
+SIGHUP to every worker, and each worker reads the file and reloads itself (see
+``runtime.workers``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +42,7 @@ from mailsluice.filtering.chain import FilterChain
 from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
+from mailsluice.reloadplan import reload_plan, running_settings
 from mailsluice.policy import limits
 from mailsluice.runtime import clienttls, startup
 from mailsluice.runtime.admission import Admission
@@ -46,6 +56,7 @@ from mailsluice.runtime.listener import (
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime.reload import REFUSALS, ReloadResult, close_writer, prepare
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
 from mailsluice.runtime.tlsmx import MxTls
@@ -86,7 +97,9 @@ def _services(
     )
 
 
-def _mx_tls(settings: Settings, state: Path | None) -> tuple[MxTls, TlsRptStore | None]:
+def _mx_tls(
+    settings: Settings, state: Path | None
+) -> tuple[MxTls, MtaSts | None, TlsRptStore | None]:
     """The MX leg's TLS policy, with its MTA-STS cache and TLS report counts kept beside
     the state file (the same place for every worker)."""
     tls = settings.tls
@@ -94,7 +107,7 @@ def _mx_tls(settings: Settings, state: Path | None) -> tuple[MxTls, TlsRptStore 
     where = store_beside(state) if tls.tlsrpt else None
     results = TlsRptStore(where) if where is not None else None
     mx_tls = MxTls(tls, hostname=settings.relay.hostname, sts=sts, results=results)
-    return mx_tls, results if mx_tls.gate is not None else None
+    return mx_tls, sts, results
 
 
 def open_sinks(settings: Settings) -> LogWriter:
@@ -120,9 +133,18 @@ def _log_url(settings: Settings) -> str:
 
 
 class Proxy:
-    """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends."""
+    """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends.
 
-    def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
+    ``reload_source``: reads the configuration again (the file, then the flags) for
+    ``reload_from_source`` (SIGHUP); None: only ``reload(settings)`` reloads."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_writer: LogWriter | None = None,
+        *,
+        reload_source: Callable[[], Settings] | None = None,
+    ) -> None:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
         client_tls = clienttls.server_context(settings)  # and a bad certificate
         if chain is not None and not settings.relay.filtering:  # settings built in code
@@ -138,8 +160,13 @@ class Proxy:
             None if settings.shared_fair else state_path(settings.state_file, settings.log)
         )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
-        mx_tls, self._tls_results = _mx_tls(settings, state_path(settings.state_file, settings.log))
+        self._tls_state = state_path(settings.state_file, settings.log)
+        mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
+        self._tls_results = self._tlsrpt if mx_tls.gate is not None else None
         self.services = _services(settings, self.log_writer, chain, remembered, mx_tls, client_tls)
+        self._reload_source = reload_source
+        self._reloading = asyncio.Lock()
+        self._retiring: set[LogWriter] = set()  # old generations' writers, until drained
         self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
@@ -255,16 +282,111 @@ class Proxy:
         await self._group.__aexit__(exc_type, exc, tb)
         if self._tls_results is not None:
             await asyncio.to_thread(self._tls_results.close)  # the last counts
+        for writer in list(self._retiring):  # (their last sessions have ended by now)
+            self._retiring.discard(writer)
+            await close_writer(writer)
         if self._own_writer:
             self.log_writer.detach()  # loop callbacks end here; the rest is written off-loop
             await asyncio.to_thread(self.log_writer.close)
         if self.log_writer.dropped:
             log.warning("session log: %d records dropped", self.log_writer.dropped)
 
+    # ----------------------------------------------------------------- reload
+    async def reload_from_source(self) -> ReloadResult:
+        """Read the configuration again (``reload_source``) and ``reload`` it; a file that
+        cannot be read or does not validate is refused, the running settings stay."""
+        if self._reload_source is None:
+            result = ReloadResult(False, error="no configuration source to read again")
+            log.error("%s", result.describe())
+            return result
+        try:
+            new = self._reload_source()
+        except REFUSALS as exc:
+            result = ReloadResult(False, error=str(exc))
+            log.error("%s", result.describe())
+            return result
+        return await self.reload(new)
 
-async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> int:
-    """Run until SIGTERM/SIGINT, then shut down gracefully. ``shared``: the broker's
-    address and this worker's number, when several workers share the fair scheduler."""
+    async def reload(self, new: Settings) -> ReloadResult:
+        """Apply ``new`` to the sessions that start from now on, without touching those in
+        flight (``runtime.reload``); refused, with nothing changed, if it cannot be used.
+        Logged either way (each key needing a restart as a warning); one at a time."""
+        async with self._reloading:
+            current = self.services
+            try:
+                prepared = prepare(
+                    current, new, sts=self._sts, results=self._tlsrpt, state=self._tls_state,
+                    open_writer=open_sinks,
+                )  # fmt: skip
+            except REFUSALS as exc:
+                result = ReloadResult(False, error=str(exc))
+                log.error("%s", result.describe())
+                return result
+            if not self.services.admission.accepting:  # shutting down meanwhile
+                prepared.abandon()
+                return ReloadResult(False, error="shutting down")
+            if prepared.writer is not None:
+                prepared.writer.start()
+            self.services = prepared.apply(current)
+            self.settings = prepared.settings
+            self._sts = prepared.sts
+            if prepared.writer is not None:
+                if self._own_writer:  # (a writer given by the caller is the caller's)
+                    self._retire(current, self.log_writer)
+                self.log_writer, self._own_writer = prepared.writer, True
+            self._report_tls(prepared.mx_tls)
+            result = ReloadResult(True, prepared.plan)
+            for warning in prepared.plan.warnings():
+                log.warning("%s", warning)
+            log.info("%s", result.describe())
+            return result
+
+    def _retire(self, generation: Services, writer: LogWriter) -> None:
+        """The old writer is closed when the old generation's last session has ended."""
+        self._retiring.add(writer)
+
+        def drained(_: Services) -> None:
+            if writer not in self._retiring or self._group is None:
+                return  # (closed at exit)
+            self._retiring.discard(writer)
+            try:
+                self._group.create_task(close_writer(writer))
+            except RuntimeError:  # the group has finished: closed at exit instead
+                self._retiring.add(writer)
+
+        if generation.live:
+            generation.drained = drained
+        else:
+            drained(generation)
+
+    def _report_tls(self, mx_tls: MxTls) -> None:
+        """TLS report counts written to disk once some policy checks (maybe only now)."""
+        if mx_tls.gate is None or self._tlsrpt is None or self._reporting is not None:
+            return
+        if self._group is not None:
+            self._tls_results = self._tlsrpt
+            self._reporting = self._group.create_task(self._tlsrpt.run())
+
+    def hangup(self) -> None:
+        """SIGHUP: reload from the source, in a task of the proxy's own."""
+        if self._group is not None and self.services.admission.accepting:
+            self._group.create_task(self._reload_logged())
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload_from_source()
+        except Exception:  # a bug of ours must not end the proxy's TaskGroup
+            log.exception("reload failed; the running configuration stays")
+
+
+async def serve(
+    settings: Settings,
+    shared: tuple[str, int] | None = None,
+    source: Callable[[], Settings] | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT, then shut down gracefully; SIGHUP reloads from
+    ``source``. ``shared``: the broker's address and this worker's number, when several
+    workers share the fair scheduler."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -278,14 +400,14 @@ async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> in
             broker_lost = True
             stop.set()
 
-    async with Proxy(settings) as proxy:
+    async with Proxy(settings, reload_source=source) as proxy:
         destinations = proxy.services.destinations
         if shared is not None and destinations is not None:
             address, worker = shared
             client = await BrokerClient.connect(address, worker, destinations.deliver, lost)
             destinations.attach(client, worker)
         # after the log writer's process is started, so that it inherits SIGHUP ignored
-        loop.add_signal_handler(signal.SIGHUP, log_hangup)
+        loop.add_signal_handler(signal.SIGHUP, proxy.hangup if source is not None else log_hangup)
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         await stop.wait()
         log.info("shutting down: %d connections open", len(proxy.services.connections))
@@ -293,19 +415,21 @@ async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> in
     return RESTART if broker_lost else 0
 
 
-def run(settings: Settings) -> int:
-    """Blocking entry point: one process, or ``settings.workers`` forked workers."""
+def run(settings: Settings, source: Callable[[], Settings] | None = None) -> int:
+    """Blocking entry point: one process, or ``settings.workers`` forked workers.
+    ``source`` reads the configuration again, for SIGHUP (None: SIGHUP reloads nothing
+    and says so)."""
     with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.workers``)
-        return _run(settings)
+        return _run(settings, source)
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     for warning in startup.check(settings):  # refuses what would fail every session
         log.warning("%s", warning)
     build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
     build_watchers(settings)
     if settings.workers <= 1:
-        return _run_one(settings)
+        return _run_one(settings, None, source)
     log_url = _log_url(settings)
     settings = replace(settings, log=log_url)  # one place for every worker
     open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
@@ -313,8 +437,13 @@ def _run(settings: Settings) -> int:
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     fair = settings.fair
+    shared_fair = fair.enabled
+    latest = WorkerSettings(settings, source, shared_fair)
     if not fair.enabled:
-        return supervise(settings.workers, lambda number: _run_one(settings))
+        return supervise(
+            settings.workers, lambda number: _run_one(latest.worker(), None, latest.read),
+            hangup=latest.check if source is not None else None,
+        )  # fmt: skip
     address = broker_address(os.getpid())
     weights = fair.weights()
     state = state_path(settings.state_file, settings.log)
@@ -325,11 +454,67 @@ def _run(settings: Settings) -> int:
             state, settings.shutdown_grace,
         )  # fmt: skip
 
-    settings = replace(settings, state_file=None, shared_fair=True)
-    return supervise(settings.workers, lambda number: _run_one(settings, (address, number)), broker)
+    def work(number: int) -> int:
+        return _run_one(latest.worker(), (address, number), latest.read)
+
+    hangup = latest.check if source is not None else None
+    return supervise(settings.workers, work, broker, hangup=hangup)
 
 
-def _run_one(settings: Settings, shared: tuple[str, int] | None = None) -> int:
+class WorkerSettings:
+    """The supervisor's side of a reload with ``--workers N``: it checks the file once
+    (``check``: an invalid one is refused here and reaches no worker) and keeps the
+    latest good settings, which a worker started later (after a crash) runs with; each
+    worker reads the file again itself (``read``) when the supervisor forwards SIGHUP."""
+
+    def __init__(
+        self, settings: Settings, source: Callable[[], Settings] | None, shared_fair: bool
+    ) -> None:
+        self.settings = settings
+        self._source = source
+        self._shared_fair = shared_fair
+
+    def _view(self, settings: Settings) -> Settings:
+        """What a worker runs with: one log for all; the broker's state file."""
+        settings = replace(settings, log=_log_url(settings))
+        if self._shared_fair:
+            settings = replace(settings, state_file=None, shared_fair=True)
+        return settings
+
+    def worker(self) -> Settings:
+        return self._view(self.settings)
+
+    def read(self) -> Settings:
+        assert self._source is not None
+        return self._view(self._source())
+
+    def check(self) -> bool:
+        """SIGHUP in the supervisor: whether the workers are to reload (logged)."""
+        assert self._source is not None
+        try:
+            new = self._source()
+            build_filter_chain(new)
+            build_watchers(new)
+            clienttls.check(new)
+        except REFUSALS as exc:
+            log.error("%s", ReloadResult(False, error=str(exc)).describe())
+            return False
+        plan = reload_plan(self.settings, new)
+        for warning in plan.warnings():
+            log.warning("%s", warning)
+        settings = replace(running_settings(self.settings, new, plan), log=_log_url(new))
+        if settings.log != self.settings.log:  # created before the workers open it
+            open_log(settings.log or "", settings.log_queue_limit).close()
+        self.settings = settings
+        log.info("SIGHUP: the configuration is valid; every worker reloads it")
+        return True
+
+
+def _run_one(
+    settings: Settings,
+    shared: tuple[str, int] | None = None,
+    source: Callable[[], Settings] | None = None,
+) -> int:
     try:
         import uvloop
     except ImportError:
@@ -337,5 +522,5 @@ def _run_one(settings: Settings, shared: tuple[str, int] | None = None) -> int:
     else:
         have_uvloop = True
     if not have_uvloop:  # outside the ``except``: errors logged later must not chain to it
-        return asyncio.run(serve(settings, shared))
-    return int(uvloop.run(serve(settings, shared)))
+        return asyncio.run(serve(settings, shared, source))
+    return int(uvloop.run(serve(settings, shared, source)))
