@@ -42,8 +42,8 @@ from mailsluice.filtering.chain import FilterChain
 from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
-from mailsluice.reloadplan import reload_plan, running_settings
 from mailsluice.policy import limits
+from mailsluice.reloadplan import reload_plan, running_settings
 from mailsluice.runtime import clienttls, startup
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
@@ -320,6 +320,11 @@ class Proxy:
                 )  # fmt: skip
             except REFUSALS as exc:
                 result = ReloadResult(False, error=str(exc))
+                log.error("%s", result.describe())
+                return result
+            except Exception as exc:  # a bug of ours, or a plugin's: refused all the same
+                log.exception("reload: unexpected error")
+                result = ReloadResult(False, error=f"{type(exc).__name__}: {exc}")
                 log.error("%s", result.describe())
                 return result
             if not self.services.admission.accepting:  # shutting down meanwhile
