@@ -11,15 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.integration.conftest import ProxyFactory
+from tests.integration.proxy_helpers import connect
 
 from mailsluice.config import ConfigError, HostPort, Settings
 from mailsluice.plugins.settings import FilterSpec
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
-
-from tests.integration.conftest import ProxyFactory
-from tests.integration.proxy_helpers import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -42,7 +41,8 @@ async def test_new_sessions_get_the_new_limits_and_allow_list_old_ones_keep_thei
         await before.read_reply()
         await before.ehlo()
         result = await proxy.reload(_with_limit(proxy.settings, 10_000))
-        assert result.applied and result.plan is not None
+        assert result.applied
+        assert result.plan is not None
         assert result.plan.applied == ("message_size_limit",)
         after = await connect(proxy)
         await after.read_reply()
@@ -77,7 +77,9 @@ async def test_the_old_log_is_written_and_closed_after_its_last_session(
         await before.ehlo()
         old_writer = proxy.log_writer
         result = await proxy.reload(replace(proxy.settings, log=new_log))
-        assert result.applied and result.plan is not None and "log" in result.plan.applied
+        assert result.applied
+        assert result.plan is not None
+        assert "log" in result.plan.applied
         assert proxy.log_writer is not old_writer
         for n in range(3):  # the session opened before: records to the old log only
             reply = await before.send_message(f"old{n}@example.net", ["r@example.org"], _body(500))
@@ -110,7 +112,8 @@ async def test_an_invalid_configuration_is_refused_and_the_old_one_keeps_serving
         bad = replace(running, filters=(FilterSpec("plugin", {"use": "no_such_module:nothing"}),))
         result = await proxy.reload(_with_limit(bad, 5000))
         assert not result.applied
-        assert result.error is not None and "filters[0]" in result.error
+        assert result.error is not None
+        assert "filters[0]" in result.error
         assert "reload refused" in result.describe()
         assert proxy.settings is running
 
@@ -119,7 +122,8 @@ async def test_an_invalid_configuration_is_refused_and_the_old_one_keeps_serving
 
         proxy._reload_source = unreadable
         refused = await proxy.reload_from_source()
-        assert not refused.applied and "message_size_limit" in (refused.error or "")
+        assert not refused.applied
+        assert "message_size_limit" in (refused.error or "")
         client = await connect(proxy)
         await client.read_reply()
         await client.ehlo()
@@ -137,7 +141,8 @@ async def test_a_restart_key_is_reported_and_not_applied(
                         max_connections=3)  # fmt: skip
         with caplog.at_level("WARNING", logger="mailsluice.server"):
             result = await proxy.reload(moved)
-        assert result.applied and result.plan is not None
+        assert result.applied
+        assert result.plan is not None
         assert result.plan.restart == ("listen", "max_connections")
         assert "listen changed: restart to apply" in caplog.text
         assert proxy.settings.listen == HostPort("127.0.0.1", 0)  # the running value

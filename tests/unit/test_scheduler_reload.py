@@ -41,7 +41,8 @@ def test_a_new_rule_lowers_the_limit_and_the_busy_connections_stay_counted() -> 
     for ticket in (1, 2, 3):
         scheduler.ask(KEY, "a", ticket)
         scheduler.up(KEY, "a", ticket)
-    assert len(orders) == 3 and _view(scheduler)["in_use"] == 3
+    assert len(orders) == 3
+    assert _view(scheduler)["in_use"] == 3
     scheduler.reconfigure(rules=RULES, weight=lambda t: 1.0,
                           destinations=(_net("192.0.2.0/24", max_connections=2),))  # fmt: skip
     view = _view(scheduler)
