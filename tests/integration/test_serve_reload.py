@@ -90,7 +90,9 @@ def _write(path: Path, port: int, upstream: str, log: Path, **extra: object) -> 
     lines = [f'listen = "127.0.0.1:{port}"', f'upstream = "{upstream}"', f'log = "sqlite:{log}"',
              "client_tls = false"]  # fmt: skip
     lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
-    path.write_text("\n".join(lines) + "\n")
+    new = path.with_suffix(".new")  # written whole, then renamed over: a reload never
+    new.write_text("\n".join(lines) + "\n")  # reads half a file (as the docs advise)
+    new.replace(path)
 
 
 def _body(size: int) -> bytes:
@@ -181,23 +183,27 @@ async def _traffic(tmp_path: Path, messages: int, reloads: int, workers: int) ->
         serve = Serve(config, workers)
         try:
             await _wait_listening(port, serve)
-            source = asyncio.create_task(run_smtp_source(
-                port, messages=messages, sessions=20, size=2000, reuse=True,
-                workdir=tmp_path, tag="reload",
-            ))  # fmt: skip
-            for n in range(reloads):
-                await asyncio.sleep(0.15)
-                limit = 10_000_000 + n  # a change every time: a new generation each
-                _write(config, port, upstream, log, message_size_limit=limit,
-                       log_sinks=[f"jsonl:{tmp_path / f'sink{n % 2}.jsonl'}"])  # fmt: skip
-                serve.hangup()
-            result = await source
-            await serve.wait_for(r"reloaded \(pid \d+\)", count=reloads * workers)
+            async with asyncio.TaskGroup() as group:
+                source = group.create_task(run_smtp_source(
+                    port, messages=messages, sessions=20, size=2000, reuse=True,
+                    workdir=tmp_path, tag="reload",
+                ))  # fmt: skip
+                for n in range(reloads):
+                    await asyncio.sleep(0.1)
+                    limit = 10_000_000 + n  # a change every time: a new generation each
+                    _write(config, port, upstream, log, message_size_limit=limit,
+                           log_sinks=[f"jsonl:{tmp_path / f'sink{n % 2}.jsonl'}"])  # fmt: skip
+                    serve.hangup()
+                    # each one done (by every worker) before the next: signals coalesce
+                    await serve.wait_for(r"reloaded \(pid \d+\)", count=(n + 1) * workers)
+                done_while_sending = not source.done()
+            result = source.result()
         finally:
             code = await serve.stop()
         assert code == 0, serve.output
         await asyncio.sleep(0.5)
         sink.counter.poll()
+    assert done_while_sending, "the reloads must happen under traffic: send more messages"
     assert result.returncode == 0, result.stderr_tail
     assert result.completed == messages  # every message accepted by the client's count
     assert sink.counter.messages == messages  # each at the sink exactly once
