@@ -30,9 +30,10 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from mailsluice.config import ALLOW_LOCAL, ConfigError, Settings
 from mailsluice.filtering.chain import FilterChain
@@ -42,11 +43,12 @@ from mailsluice.runtime import clienttls, startup
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
 from mailsluice.runtime.services import Services, weights_of
+from mailsluice.runtime.sinks import log_url
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsrpt_store import TlsRptStore
-from mailsluice.sessionlog import LogWriter
+from mailsluice.sessionlog import LogWriter, open_log
 
-__all__ = ["Prepared", "ReloadResult", "prepare"]
+__all__ = ["Prepared", "ReloadResult", "RetiredWriters", "WorkerSettings", "prepare"]
 
 log = logging.getLogger("mailsluice.reload")
 
@@ -180,3 +182,91 @@ async def close_writer(writer: LogWriter) -> None:
     await asyncio.to_thread(writer.close)
     if writer.dropped:
         log.warning("session log (before the reload): %d records dropped", writer.dropped)
+
+
+class RetiredWriters:
+    """The log writers of old generations, each closed (every record written) when the
+    last session of its generation has ended; those left are closed at the proxy's exit."""
+
+    def __init__(self) -> None:
+        self._open: set[LogWriter] = set()
+
+    def __contains__(self, writer: object) -> bool:
+        return writer in self._open
+
+    def retire(
+        self,
+        generation: Services,
+        writer: LogWriter,
+        spawn: Callable[[Coroutine[Any, Any, None]], bool],
+    ) -> None:
+        """``spawn`` runs the close in a task of the proxy's (False: it cannot now)."""
+        self._open.add(writer)
+
+        def drained(_: Services) -> None:
+            if writer not in self._open:
+                return  # (closed at exit)
+            closing = close_writer(writer)
+            if spawn(closing):
+                self._open.discard(writer)
+            else:  # the proxy is ending: closed at exit instead
+                closing.close()
+
+        if generation.live:
+            generation.drained = drained
+        else:
+            drained(generation)
+
+    async def close_all(self) -> None:
+        for writer in list(self._open):
+            self._open.discard(writer)
+            await close_writer(writer)
+
+
+class WorkerSettings:
+    """The supervisor's side of a reload with ``--workers N``: it checks the file once
+    (``check``: an invalid one is refused here and reaches no worker) and keeps the
+    latest good settings, which a worker started later (after a crash) runs with; each
+    worker reads the file again itself (``read``) when the supervisor forwards SIGHUP."""
+
+    def __init__(
+        self, settings: Settings, source: Callable[[], Settings] | None, shared_fair: bool
+    ) -> None:
+        self.settings = settings
+        self._source = source
+        self._shared_fair = shared_fair
+
+    def _view(self, settings: Settings) -> Settings:
+        """What a worker runs with: one log for all; the broker's state file."""
+        settings = replace(settings, log=log_url(settings))
+        if self._shared_fair:
+            settings = replace(settings, state_file=None, shared_fair=True)
+        return settings
+
+    def worker(self) -> Settings:
+        return self._view(self.settings)
+
+    def read(self) -> Settings:
+        assert self._source is not None
+        return self._view(self._source())
+
+    def check(self) -> bool:
+        """SIGHUP in the supervisor: whether the workers are to reload (logged)."""
+        assert self._source is not None
+        try:
+            new = self._source()
+            build_filter_chain(new)
+            build_watchers(new)
+            clienttls.check(new)
+        except REFUSALS as exc:
+            log.error("%s", ReloadResult(False, error=str(exc)).describe())
+            return False
+        plan = reload_plan(self.settings, new)
+        for warning in plan.warnings():
+            log.warning("%s", warning)
+        settings = replace(running_settings(self.settings, new, plan), log=log_url(new))
+        if settings.log != self.settings.log:  # created before the workers open it
+            open_log(settings.log or "", settings.log_queue_limit).close()
+        self.settings = settings
+        log.info("SIGHUP: the configuration is valid; every worker reloads it")
+        return True

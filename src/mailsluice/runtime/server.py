@@ -32,18 +32,16 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from mailsluice.config import ALLOW_LOCAL, Settings
 from mailsluice.filtering.chain import FilterChain
-from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
-from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
-from mailsluice.reloadplan import reload_plan, running_settings
 from mailsluice.runtime import clienttls, startup
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
@@ -56,14 +54,20 @@ from mailsluice.runtime.listener import (
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
-from mailsluice.runtime.reload import REFUSALS, ReloadResult, close_writer, prepare
+from mailsluice.runtime.reload import (
+    REFUSALS,
+    ReloadResult,
+    RetiredWriters,
+    WorkerSettings,
+    prepare,
+)
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.sinks import log_url, open_sinks
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsrpt_store import TlsRptStore, store_beside
 from mailsluice.runtime.workers import RESTART, hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog import LogWriter, open_log
-from mailsluice.sessionlog.fanout import LogFanout
 
 log = logging.getLogger("mailsluice.server")
 
@@ -110,28 +114,6 @@ def _mx_tls(
     return mx_tls, sts, results
 
 
-def open_sinks(settings: Settings) -> LogWriter:
-    """The session log and every extra sink (``log_sinks``, watching ``plugins``)."""
-    limit = settings.log_queue_limit
-    writers = [open_log(_log_url(settings), limit, process=settings.log_process)]
-    writers += [open_log(url, limit, process=settings.log_process) for url in settings.log_sinks]
-    watchers = build_watchers(settings)
-    if watchers:
-        writers.append(LogWriter(PluginSink(watchers), queue_limit=limit, name="plugins"))
-    return writers[0] if len(writers) == 1 else LogFanout(writers)
-
-
-def _log_url(settings: Settings) -> str:
-    """The session log's URL: ``log``, or the default place (the CLI resolves it first and
-    says where; settings built in code get it here, said in the log)."""
-    if settings.log is not None:
-        return settings.log
-    place = default_log(writing=True)
-    if place.notice:
-        log.warning("%s", place.notice)
-    return place.url
-
-
 class Proxy:
     """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends.
 
@@ -166,7 +148,7 @@ class Proxy:
         self.services = _services(settings, self.log_writer, chain, remembered, mx_tls, client_tls)
         self._reload_source = reload_source
         self._reloading = asyncio.Lock()
-        self._retiring: set[LogWriter] = set()  # old generations' writers, until drained
+        self._retiring = RetiredWriters()  # old generations' writers, until drained
         self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
@@ -282,9 +264,7 @@ class Proxy:
         await self._group.__aexit__(exc_type, exc, tb)
         if self._tls_results is not None:
             await asyncio.to_thread(self._tls_results.close)  # the last counts
-        for writer in list(self._retiring):  # (their last sessions have ended by now)
-            self._retiring.discard(writer)
-            await close_writer(writer)
+        await self._retiring.close_all()  # (their last sessions have ended by now)
         if self._own_writer:
             self.log_writer.detach()  # loop callbacks end here; the rest is written off-loop
             await asyncio.to_thread(self.log_writer.close)
@@ -337,7 +317,7 @@ class Proxy:
             self._sts = prepared.sts
             if prepared.writer is not None:
                 if self._own_writer:  # (a writer given by the caller is the caller's)
-                    self._retire(current, self.log_writer)
+                    self._retiring.retire(current, self.log_writer, self._spawn)
                 self.log_writer, self._own_writer = prepared.writer, True
             self._report_tls(prepared.mx_tls)
             result = ReloadResult(True, prepared.plan)
@@ -346,23 +326,15 @@ class Proxy:
             log.info("%s", result.describe())
             return result
 
-    def _retire(self, generation: Services, writer: LogWriter) -> None:
-        """The old writer is closed when the old generation's last session has ended."""
-        self._retiring.add(writer)
-
-        def drained(_: Services) -> None:
-            if writer not in self._retiring or self._group is None:
-                return  # (closed at exit)
-            self._retiring.discard(writer)
-            try:
-                self._group.create_task(close_writer(writer))
-            except RuntimeError:  # the group has finished: closed at exit instead
-                self._retiring.add(writer)
-
-        if generation.live:
-            generation.drained = drained
-        else:
-            drained(generation)
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> bool:
+        """Run ``job`` in the proxy's TaskGroup; False when it has finished."""
+        if self._group is None:
+            return False
+        try:
+            self._group.create_task(job)
+        except RuntimeError:
+            return False
+        return True
 
     def _report_tls(self, mx_tls: MxTls) -> None:
         """TLS report counts written to disk once some policy checks (maybe only now)."""
@@ -435,9 +407,9 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     build_watchers(settings)
     if settings.workers <= 1:
         return _run_one(settings, None, source)
-    log_url = _log_url(settings)
-    settings = replace(settings, log=log_url)  # one place for every worker
-    open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
+    url = log_url(settings)
+    settings = replace(settings, log=url)  # one place for every worker
+    open_log(url, settings.log_queue_limit).close()  # create the log before forking
     clienttls.server_context(settings)  # the self-signed pair too (the workers share it)
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
@@ -464,55 +436,6 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
 
     hangup = latest.check if source is not None else None
     return supervise(settings.workers, work, broker, hangup=hangup)
-
-
-class WorkerSettings:
-    """The supervisor's side of a reload with ``--workers N``: it checks the file once
-    (``check``: an invalid one is refused here and reaches no worker) and keeps the
-    latest good settings, which a worker started later (after a crash) runs with; each
-    worker reads the file again itself (``read``) when the supervisor forwards SIGHUP."""
-
-    def __init__(
-        self, settings: Settings, source: Callable[[], Settings] | None, shared_fair: bool
-    ) -> None:
-        self.settings = settings
-        self._source = source
-        self._shared_fair = shared_fair
-
-    def _view(self, settings: Settings) -> Settings:
-        """What a worker runs with: one log for all; the broker's state file."""
-        settings = replace(settings, log=_log_url(settings))
-        if self._shared_fair:
-            settings = replace(settings, state_file=None, shared_fair=True)
-        return settings
-
-    def worker(self) -> Settings:
-        return self._view(self.settings)
-
-    def read(self) -> Settings:
-        assert self._source is not None
-        return self._view(self._source())
-
-    def check(self) -> bool:
-        """SIGHUP in the supervisor: whether the workers are to reload (logged)."""
-        assert self._source is not None
-        try:
-            new = self._source()
-            build_filter_chain(new)
-            build_watchers(new)
-            clienttls.check(new)
-        except REFUSALS as exc:
-            log.error("%s", ReloadResult(False, error=str(exc)).describe())
-            return False
-        plan = reload_plan(self.settings, new)
-        for warning in plan.warnings():
-            log.warning("%s", warning)
-        settings = replace(running_settings(self.settings, new, plan), log=_log_url(new))
-        if settings.log != self.settings.log:  # created before the workers open it
-            open_log(settings.log or "", settings.log_queue_limit).close()
-        self.settings = settings
-        log.info("SIGHUP: the configuration is valid; every worker reloads it")
-        return True
 
 
 def _run_one(
