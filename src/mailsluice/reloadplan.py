@@ -52,8 +52,6 @@ _FAIR_KEYS = {
     "tenants": "tenants",
     "deferral_rules": "deferral_rules",
 }
-#: with several workers the rules live in the broker's scheduler, started once
-_FAIR_IN_BROKER = frozenset({"fair_sharing", "destinations", "tenants"})
 _TLS_RESTART = frozenset({"resumption", "tlsrpt", "report_org", "report_contact"})
 
 
@@ -90,7 +88,7 @@ def reload_plan(old: Settings, new: Settings) -> ReloadPlan:
         if name == "relay":
             applied += _relay(before, after)
         elif name == "fair":
-            _fair(before, after, old, applied, restart)
+            _fair(before, after, applied, restart)
         elif name == "tls":
             _tls(before, after, applied, restart)
         elif name == "listen":
@@ -115,18 +113,13 @@ def _relay(old: RelayConfig, new: RelayConfig) -> list[str]:
     return changed
 
 
-def _fair(
-    old: FairSettings, new: FairSettings, settings: Settings, applied: list[str], restart: list[str]
-) -> None:
+def _fair(old: FairSettings, new: FairSettings, applied: list[str], restart: list[str]) -> None:
     if old.enabled != new.enabled:
         restart.append("fair_sharing.enabled")
         return
-    broker = settings.shared_fair  # the rules are the broker's, read when it started
     for name, key in _FAIR_KEYS.items():
-        if getattr(old, name) != getattr(new, name):
-            out = restart if broker and key in _FAIR_IN_BROKER else applied
-            if key not in out:
-                out.append(key)
+        if getattr(old, name) != getattr(new, name) and key not in applied:
+            applied.append(key)
 
 
 def _tls(old: TlsSettings, new: TlsSettings, applied: list[str], restart: list[str]) -> None:
@@ -159,9 +152,6 @@ def running_settings(old: Settings, new: Settings, plan: ReloadPlan) -> Settings
     for key in plan.restart:
         if key == "fair_sharing.enabled":
             fair = old.fair
-        elif key in _FAIR_IN_BROKER:
-            name = {"fair_sharing": "limits"}.get(key, key)
-            fair = replace(fair, **{name: getattr(old.fair, name)})
         elif key.startswith("tls_policy."):
             name = key.removeprefix("tls_policy.")
             tls = replace(tls, **{name: getattr(old.tls, name)})

@@ -15,7 +15,9 @@ from tests.integration.conftest import ProxyFactory
 from tests.integration.proxy_helpers import connect
 
 from mailsluice.config import ConfigError, HostPort, Settings
+from mailsluice.fairconfig import FairSettings
 from mailsluice.plugins.settings import FilterSpec
+from mailsluice.policy.destrules import DestinationRule
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -169,3 +171,32 @@ async def test_a_proxy_given_its_writer_keeps_it_for_the_caller(tmp_path: Path) 
             assert opened is not given
         assert given not in proxy._retiring
     assert list_sessions(f"sqlite:{tmp_path / 'x.db'}", 10) == []
+
+
+async def test_fair_sharing_rules_apply_in_place_and_the_counts_stay(
+    proxy_factory: ProxyFactory,
+) -> None:
+    async with ScriptedMX() as mx, proxy_factory((mx.host, mx.port), fair=FairSettings()) as proxy:
+        open_one = await connect(proxy)
+        await open_one.read_reply()
+        await open_one.ehlo()
+        reply = await open_one.send_message("a@example.net", ["b@example.org"], _body(500))
+        assert reply[-1].code == 250
+        destinations = proxy.services.destinations
+        assert destinations is not None
+        (view,) = destinations.views()
+        assert (view["rule"], view["learned"]) == (None, True)
+        in_use = view["in_use"]
+        rule = DestinationRule(network=ipaddress.ip_network(f"{mx.host}/32"), max_connections=1)
+        fair = replace(proxy.settings.fair, destinations=(rule,))
+        result = await proxy.reload(replace(proxy.settings, fair=fair))
+        assert result.plan is not None
+        assert result.plan.applied == ("destinations",)
+        assert proxy.services.destinations is destinations  # the same scheduler, kept
+        (view,) = destinations.views()
+        assert (view["rule"], view["limit"], view["learned"]) == (rule.describe(), 1, False)
+        assert view["in_use"] == in_use  # its connection still counted
+        again = await open_one.send_message("c@example.net", ["d@example.org"], _body(500))
+        assert again[-1].code == 250
+        await open_one.quit()
+        await mx.ledger.wait_for(2)

@@ -86,10 +86,17 @@ class Serve:
         return code
 
 
-def _write(path: Path, port: int, upstream: str, log: Path, **extra: object) -> None:
+#: a [[destinations]] rule, as a reload adds it
+RULE = '[[destinations]]\nmatch = "192.0.2.0/24"\nmax_connections = 2\n'
+
+
+def _write(
+    path: Path, port: int, upstream: str, log: Path, tables: str = "", **extra: object
+) -> None:
     lines = [f'listen = "127.0.0.1:{port}"', f'upstream = "{upstream}"', f'log = "sqlite:{log}"',
              "client_tls = false"]  # fmt: skip
     lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
+    lines.append(tables)
     new = path.with_suffix(".new")  # written whole, then renamed over: a reload never
     new.write_text("\n".join(lines) + "\n")  # reads half a file (as the docs advise)
     new.replace(path)
@@ -132,11 +139,15 @@ async def test_sighup_applies_the_file_to_new_sessions_only(tmp_path: Path, work
         try:
             await _wait_listening(port, serve)
             before = await _session(port)  # opened before the reload: keeps 100 000
-            _write(config, port, upstream, log, message_size_limit=10_000,
+            _write(config, port, upstream, log, RULE, message_size_limit=10_000,
                    log_sinks=[f"jsonl:{sink}"], max_connections=500)  # fmt: skip
             serve.hangup()
             pids = await serve.wait_for(r"reloaded \(pid (\d+)\): ", count=workers)
             assert len(set(pids)) == workers  # every worker reloaded, once each
+            assert "destinations" in serve.output.split("reloaded (pid")[1]
+            if workers > 1:  # the fair-sharing rules are the broker's: it reloads them
+                await serve.wait_for(r"broker \(pid \d+\): fair-sharing rules reloaded "
+                                     r"\(1 destination rules")  # fmt: skip
             await serve.wait_for("max_connections changed: restart to apply")
             after = await _session(port)
             refused = await after.send_message("a@example.net", ["b@example.org"], _body(20_000))

@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any
 
 from mailsluice.config import ALLOW_LOCAL, Settings
+from mailsluice.fairconfig import FairSettings
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.policy import limits
@@ -425,10 +426,13 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     weights = fair.weights()
     state = state_path(settings.state_file, settings.log)
 
+    def reread() -> FairSettings:  # SIGHUP in the broker: its rules, from the file again
+        return latest.read().fair
+
     def broker() -> int:
         return run_broker(
             address, fair.limits, fair.destinations, lambda tenant: weights.get(tenant, 1.0),
-            state, settings.shutdown_grace,
+            state, settings.shutdown_grace, reread if source is not None else None,
         )  # fmt: skip
 
     def work(number: int) -> int:

@@ -11,9 +11,9 @@ first starts the broker (``broker``), restarted like a worker.
 SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) stops nothing: it reloads
 the configuration. The supervisor reads and checks the file first (``hangup``: an invalid
 one is refused once, in its log, and no worker is disturbed), keeps the new settings for
-any worker it starts later, and forwards SIGHUP to every worker (never the broker, whose
-fair-sharing rules are the ones it started with); each worker then reads the file itself
-and reloads (``server.Proxy.reload``). Why each worker reads it rather than being sent
+any worker it starts later, and forwards SIGHUP to every worker and to the fair-sharing broker; each
+then reads the file itself and reloads (a worker: ``server.Proxy.reload``; the broker:
+its scheduler's rules, ``broker._reconfigure``). Why each worker reads it rather than being sent
 the settings: there is no channel from the supervisor to a worker but signals, and a
 worker's reload is then the very code of a single process's; the file is checked again
 by each, so a file changed between the two reads is still refused by a worker, never
@@ -140,12 +140,11 @@ def supervise(
             return
         if not hangup():
             return
-        for pid, number in list(children.items()):
-            if number >= 0:  # the workers; the broker keeps its rules
-                try:
-                    os.kill(pid, signal.SIGHUP)
-                except ProcessLookupError:
-                    pass
+        for pid in list(children):  # the workers, and the broker (its rules)
+            try:
+                os.kill(pid, signal.SIGHUP)
+            except ProcessLookupError:
+                pass
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
