@@ -96,7 +96,7 @@ async def test_the_old_log_is_written_and_closed_after_its_last_session(
         old_sessions: list[dict[str, object]] = []
         for _ in range(200):  # its last session ended: closed, every record written
             old_sessions = await asyncio.to_thread(list_sessions, old_log, 100)
-            if old_sessions:
+            if old_sessions and old_sessions[0]["messages"] == 3:
                 break
             await asyncio.sleep(0.05)
         assert [s["messages"] for s in old_sessions] == [3]  # while the proxy still runs
@@ -200,3 +200,41 @@ async def test_fair_sharing_rules_apply_in_place_and_the_counts_stay(
         assert again[-1].code == 250
         await open_one.quit()
         await mx.ledger.wait_for(2)
+
+
+async def test_a_writer_shared_by_two_generations_closes_after_the_last_of_both(
+    proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """Reload 1 keeps the log (generations 1 and 2 share its writer), reload 2 changes
+    it: the writer is closed only when the sessions of both older generations ended."""
+    old_log, new_log = f"sqlite:{tmp_path / 'sessions.db'}", f"sqlite:{tmp_path / 'new.db'}"
+    async with ScriptedMX() as mx, proxy_factory((mx.host, mx.port)) as proxy:
+        first = await connect(proxy)  # generation 1
+        await first.read_reply()
+        await first.ehlo()
+        old_writer = proxy.log_writer
+        assert (await proxy.reload(_with_limit(proxy.settings, 50_000))).applied
+        second = await connect(proxy)  # generation 2, the same writer
+        await second.read_reply()
+        await second.ehlo()
+        assert proxy.log_writer is old_writer
+        assert (await proxy.reload(replace(proxy.settings, log=new_log))).applied
+        reply = await second.send_message("second@example.net", ["r@example.org"], _body(500))
+        assert reply[-1].code == 250
+        await second.quit()  # generation 2 is over; generation 1 still writes
+        await asyncio.sleep(0.3)
+        assert old_writer in proxy._retiring
+        reply = await first.send_message("first@example.net", ["r@example.org"], _body(500))
+        assert reply[-1].code == 250
+        await first.quit()
+        logged: list[dict[str, object]] = []
+        for _ in range(200):
+            logged = await asyncio.to_thread(list_sessions, old_log, 100)
+            if all(s["messages"] == 1 for s in logged) and len(logged) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(str(s["mail_from"]) for s in logged) == [
+            "first@example.net", "second@example.net",
+        ]  # fmt: skip
+        assert old_writer not in proxy._retiring
+        assert old_writer.dropped == 0

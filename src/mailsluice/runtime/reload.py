@@ -196,26 +196,35 @@ class RetiredWriters:
 
     def retire(
         self,
-        generation: Services,
+        users: list[Services],
         writer: LogWriter,
         spawn: Callable[[Coroutine[Any, Any, None]], bool],
     ) -> None:
-        """``spawn`` runs the close in a task of the proxy's (False: it cannot now)."""
+        """Close ``writer`` once every generation in ``users`` (those that write to it)
+        has no live session left. ``spawn`` runs the close in a task of the proxy's
+        (False: it cannot any more; then it is closed at exit)."""
         self._open.add(writer)
+        waiting = {id(generation) for generation in users if generation.live}
 
-        def drained(_: Services) -> None:
+        def close() -> None:
             if writer not in self._open:
                 return  # (closed at exit)
             closing = close_writer(writer)
             if spawn(closing):
                 self._open.discard(writer)
-            else:  # the proxy is ending: closed at exit instead
+            else:
                 closing.close()
 
-        if generation.live:
-            generation.drained = drained
-        else:
-            drained(generation)
+        def drained(generation: Services) -> None:
+            waiting.discard(id(generation))
+            if not waiting:
+                close()
+
+        for generation in users:
+            if generation.live:
+                generation.drained = drained
+        if not waiting:
+            close()
 
     async def close_all(self) -> None:
         for writer in list(self._open):

@@ -150,6 +150,7 @@ class Proxy:
         self._reload_source = reload_source
         self._reloading = asyncio.Lock()
         self._retiring = RetiredWriters()  # old generations' writers, until drained
+        self._older: list[Services] = []  # old generations with sessions still open
         self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
@@ -314,11 +315,14 @@ class Proxy:
             if prepared.writer is not None:
                 prepared.writer.start()
             self.services = prepared.apply(current)
+            # the generations before, while they have sessions (a writer may be theirs)
+            self._older = [g for g in (*self._older, current) if g.live]
             self.settings = prepared.settings
             self._sts = prepared.sts
             if prepared.writer is not None:
                 if self._own_writer:  # (a writer given by the caller is the caller's)
-                    self._retiring.retire(current, self.log_writer, self._spawn)
+                    users = [g for g in self._older if g.log_writer is self.log_writer]
+                    self._retiring.retire(users, self.log_writer, self._spawn)
                 self.log_writer, self._own_writer = prepared.writer, True
             self._report_tls(prepared.mx_tls)
             result = ReloadResult(True, prepared.plan)
