@@ -214,6 +214,10 @@ async def _traffic(tmp_path: Path, messages: int, reloads: int, workers: int) ->
         assert code == 0, serve.output
         await asyncio.sleep(0.5)
         sink.counter.poll()
+    reloaded = len(re.findall(r"reloaded \(pid \d+\)", serve.output))
+    print(f"{messages} messages, {reloads} SIGHUPs x {workers} worker(s) = {reloaded} reloads: "
+          f"client saw {result.completed} accepted, sink received {sink.counter.messages}, "
+          f"{result.ended - result.started:.1f} s")  # fmt: skip
     assert done_while_sending, "the reloads must happen under traffic: send more messages"
     assert result.returncode == 0, result.stderr_tail
     assert result.completed == messages  # every message accepted by the client's count

@@ -133,8 +133,9 @@ def prepare(
     old = current.settings
     plan = reload_plan(old, new)
     settings = running_settings(old, new, plan)
-    for warning in startup.check(settings):
-        log.warning("%s", warning)
+    if plan.touches("outbound_ip"):  # (what the start-up checks look at that may change)
+        for warning in startup.check(settings):
+            log.warning("%s", warning)
     chain = current.filter_chain
     if plan.touches(*_FILTER_KEYS):
         chain = build_filter_chain(settings)
@@ -260,22 +261,23 @@ class WorkerSettings:
         return self._view(self._source())
 
     def check(self) -> bool:
-        """SIGHUP in the supervisor: whether the workers are to reload (logged)."""
+        """SIGHUP in the supervisor: whether the workers are to reload (logged). Runs in
+        a signal handler of the supervisor: it never raises."""
         assert self._source is not None
         try:
             new = self._source()
             build_filter_chain(new)
             build_watchers(new)
             clienttls.check(new)
-        except REFUSALS as exc:
-            log.error("%s", ReloadResult(False, error=str(exc)).describe())
+            plan = reload_plan(self.settings, new)
+            settings = replace(running_settings(self.settings, new, plan), log=log_url(new))
+            if settings.log != self.settings.log:  # created before the workers open it
+                open_log(settings.log or "", settings.log_queue_limit).close()
+        except Exception as exc:  # (a plugin's own error too): refused, the workers untouched
+            log.error("%s", ReloadResult(False, error=str(exc) or type(exc).__name__).describe())
             return False
-        plan = reload_plan(self.settings, new)
         for warning in plan.warnings():
             log.warning("%s", warning)
-        settings = replace(running_settings(self.settings, new, plan), log=log_url(new))
-        if settings.log != self.settings.log:  # created before the workers open it
-            open_log(settings.log or "", settings.log_queue_limit).close()
         self.settings = settings
         log.info("SIGHUP: the configuration is valid; every worker reloads it")
         return True

@@ -325,6 +325,7 @@ class Proxy:
                     self._retiring.retire(users, self.log_writer, self._spawn)
                 self.log_writer, self._own_writer = prepared.writer, True
             self._report_tls(prepared.mx_tls)
+            self._resolve_names()
             result = ReloadResult(True, prepared.plan)
             for warning in prepared.plan.warnings():
                 log.warning("%s", warning)
@@ -348,6 +349,14 @@ class Proxy:
         if self._group is not None:
             self._tls_results = self._tlsrpt
             self._reporting = self._group.create_task(self._tlsrpt.run())
+
+    def _resolve_names(self) -> None:
+        """Host rules added by a reload: their names are resolved from now on."""
+        destinations = self.services.destinations
+        if destinations is None or self.settings.shared_fair or self._resolving is not None:
+            return
+        if destinations.names.needed and self._group is not None:
+            self._resolving = self._group.create_task(destinations.names.run())
 
     def hangup(self) -> None:
         """SIGHUP: reload from the source, in a task of the proxy's own."""
