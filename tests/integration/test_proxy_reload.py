@@ -238,3 +238,52 @@ async def test_a_writer_shared_by_two_generations_closes_after_the_last_of_both(
         ]  # fmt: skip
         assert old_writer not in proxy._retiring
         assert old_writer.dropped == 0
+
+
+async def test_a_renewed_client_certificate_is_served_after_a_reload(
+    proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """The certificate files are read again at every reload (a renewal at the same
+    paths): new sessions get the new certificate, the settings being unchanged."""
+    import ssl
+
+    import trustme
+
+    from mailsluice.tlsconfig import TlsSettings
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    first, second = trustme.CA(), trustme.CA()
+
+    def install(ca: trustme.CA) -> None:
+        issued = ca.issue_cert("relay.test")
+        issued.private_key_pem.write_to_path(str(key))
+        issued.cert_chain_pems[0].write_to_path(str(cert))
+
+    def trusting(ca: trustme.CA) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        return context
+
+    async def handshake(proxy: Proxy, ca: trustme.CA) -> None:
+        client = await connect(proxy)
+        await client.read_reply()
+        await client.ehlo()
+        try:
+            assert (await client.starttls(trusting(ca), server_hostname="relay.test")).code == 220
+        finally:
+            client.close()
+
+    install(first)
+    tls = TlsSettings(client_tls=True, client_tls_cert=str(cert), client_tls_key=str(key))
+    async with (
+        ScriptedMX() as mx,
+        proxy_factory((mx.host, mx.port), settings={"tls": tls}) as proxy,
+    ):
+        await handshake(proxy, first)
+        install(second)
+        result = await proxy.reload(proxy.settings)
+        assert result.plan is not None
+        assert result.plan.applied == ()
+        await handshake(proxy, second)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await handshake(proxy, first)
