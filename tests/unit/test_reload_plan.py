@@ -129,3 +129,19 @@ def test_several_changes_are_each_named_and_touches_covers_a_table() -> None:
     assert plan.touches("allow")
     assert not plan.touches("log_sinks")
     assert not plan.touches("listen")
+
+
+def test_a_reload_result_reads_as_one_line_and_as_json() -> None:
+    from mailsluice.runtime.reload import ReloadResult
+
+    plan = reload_plan(_settings(), _settings(allow=["10.0.0.0/8"], workers=2))
+    done = ReloadResult(True, plan)
+    assert done.as_json() == {
+        "applied": True, "changed": ["allow"], "need_restart": ["workers"], "error": None,
+    }  # fmt: skip
+    assert done.describe().endswith(": allow; needs a restart: workers")
+    refused = ReloadResult(False, error="filters[0] (plugin(x)): no module named x")
+    assert refused.as_json()["error"] == "filters[0] (plugin(x)): no module named x"
+    assert refused.describe() == (
+        "reload refused, the running configuration stays: filters[0] (plugin(x)): no module named x"
+    )

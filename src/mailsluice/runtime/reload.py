@@ -67,6 +67,17 @@ class ReloadResult:
     plan: ReloadPlan | None = None
     error: str | None = None
 
+    def as_json(self) -> dict[str, object]:
+        """For the admin API (``ctl reload``): ``applied``, the keys ``changed`` and
+        those that ``need_restart``, the ``error`` of a refusal."""
+        plan = self.plan or ReloadPlan()
+        return {
+            "applied": self.applied,
+            "changed": list(plan.applied),
+            "need_restart": list(plan.restart),
+            "error": self.error,
+        }
+
     def describe(self) -> str:
         """One line for the log and for ``ctl reload``."""
         if not self.applied or self.plan is None:
