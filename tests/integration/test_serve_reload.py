@@ -234,3 +234,32 @@ async def test_reload_20_times_under_traffic_loses_and_duplicates_nothing(tmp_pa
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_reload_20_times_during_10000_messages(tmp_path: Path, workers: int) -> None:
     await _traffic(tmp_path, messages=10_000, reloads=20, workers=workers)
+
+
+async def test_a_worker_restarted_after_a_reload_runs_the_new_settings(tmp_path: Path) -> None:
+    """The supervisor keeps the settings it checked: a worker it starts again after a
+    crash runs them, not the ones the proxy started with."""
+    config, log = tmp_path / "mailsluice.toml", tmp_path / "s.db"
+    port = _free_port()
+    async with ScriptedMX() as mx:
+        upstream = f"{mx.host}:{mx.port}"
+        _write(config, port, upstream, log, message_size_limit=100_000)
+        serve = Serve(config, 2)
+        try:
+            await _wait_listening(port, serve)
+            _write(config, port, upstream, log, message_size_limit=10_000)
+            serve.hangup()
+            pids = await serve.wait_for(r"reloaded \(pid (\d+)\): ", count=2)
+            await asyncio.sleep(5.5)  # (a worker dying sooner is a failure at start)
+            os.kill(int(pids[0]), signal.SIGKILL)
+            await serve.wait_for(r"exited with -9; restarting it")
+            await serve.wait_for(r"listening on 127\.0\.0\.1", count=3)  # the new one
+            for _ in range(8):  # whichever worker gets it: the new limit
+                client = await _session(port)
+                reply = await client.send_message("a@example.net", ["b@example.org"],
+                                                  _body(20_000))  # fmt: skip
+                assert reply[-1].code == 552, reply
+                await client.quit()
+        finally:
+            code = await serve.stop()
+        assert code == 0, serve.output
