@@ -24,12 +24,14 @@ broker it restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,9 @@ from mailsluice.runtime.statefile import StateFile, read_learned
 __all__ = ["Broker", "BrokerClient", "broker_address", "run_broker"]
 
 log = logging.getLogger("mailsluice.broker")
+
+#: the admin server to run in the broker's process, given the scheduler
+AdminHere = Callable[[LocalScheduler], AbstractAsyncContextManager[object]]
 
 _CONNECT_TRIES = 100  # x 50 ms: a worker waits this long for the broker at start
 
@@ -207,10 +212,14 @@ async def _serve_broker(
     weight: Callable[[str], float],
     state: Path | None,
     grace: float,
+    admin: AdminHere | None = None,
 ) -> None:
     broker = Broker(
         rules=rules, weight=weight, remembered=read_learned(state), destinations=destinations
     )
+    extras = contextlib.AsyncExitStack()  # the admin server, here where the scheduler is
+    if admin is not None:
+        await extras.enter_async_context(admin(broker.scheduler))
     server = await broker.listen(address)
     writer = None
     if state is not None:
@@ -235,6 +244,7 @@ async def _serve_broker(
     broker.scheduler.close()
     if writer is not None:
         writer.stop()
+    await extras.aclose()
 
 
 def run_broker(
@@ -244,10 +254,12 @@ def run_broker(
     weight: Callable[[str], float],
     state: Path | None,
     grace: float,
+    admin: AdminHere | None = None,
 ) -> int:
     """The broker process's main (started by the supervisor before the workers); after
-    SIGTERM it serves until the workers have gone, ``grace`` seconds (+10) at most."""
-    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace))
+    SIGTERM it serves until the workers have gone, ``grace`` seconds (+10) at most.
+    ``admin``: the admin server to run beside the scheduler (``runtime.admin.host``)."""
+    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace, admin))
     return 0
 
 
