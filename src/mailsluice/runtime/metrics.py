@@ -114,7 +114,8 @@ class _Session:
 
     connected_at: float | None = None  # a new MX connection: its greeting is awaited
     dot_at: float | None = None  # the client's end of data: the MX's reply is awaited
-    last_to_client: str = ""  # the direction of the last reply the client got
+    last_to_client: str = ""  # the direction of the last reply the client got ...
+    last_reply: str = ""  # ... and that reply
 
 
 class Metrics:
@@ -256,9 +257,9 @@ class Metrics:
                 if text[:1] == "4":
                     self._mx_deferral(text)
                 if direction == "s>c":
-                    session.last_to_client = direction
+                    session.last_to_client, session.last_reply = direction, text
             elif direction == "p>c":
-                session.last_to_client = direction
+                session.last_to_client, session.last_reply = direction, text
             elif direction == "note":
                 if text.startswith("connected to "):
                     session.connected_at = at
@@ -273,8 +274,14 @@ class Metrics:
 
     def _transaction(self, record: TransactionEnded) -> None:
         outcome = record.outcome
-        if outcome in ("deferred", "rejected"):
-            session = self._sessions.get(record.session_id)
+        session = self._sessions.get(record.session_id)
+        if outcome == "aborted" and session is not None and session.last_to_client == "p>c":
+            # ended by a failure the proxy answered (421/451: a timeout after the dot, the
+            # MX lost mid-message...): the client was told to try again, by us
+            if session.last_reply[:3] in ("421", "451"):
+                self.proxy_deferrals.labels(proxy_reason(session.last_reply[4:])).inc()
+                outcome = "deferred_by_proxy"
+        elif outcome in ("deferred", "rejected"):
             if session is None or session.last_to_client != "s>c":
                 if outcome == "deferred":
                     self.proxy_deferrals.labels(proxy_reason(record.reply_text)).inc()
