@@ -81,14 +81,15 @@ async def test_a_scrape_counts_deliveries_refusals_and_deferrals(
         Fault(Phase.DOT, Action.REPLY_4XX, b"451 4.7.28 rate limit exceeded\r\n", connection=3),
         Fault(Phase.DOT, Action.STALL, connection=4),
     ]
-    admin = dict(admin_listen=HostPort("127.0.0.1", 0), admin_token_file=_token_file(tmp_path))
+    admin = {"admin_listen": HostPort("127.0.0.1", 0), "admin_token_file": _token_file(tmp_path)}
     async with (
         ScriptedMX(faults=faults) as mx,
         proxy_factory((mx.host, mx.port), settings=admin, timeouts={"data_done": 0.5}) as proxy,
     ):
         codes = [await asyncio.to_thread(_send, proxy.port) for _ in range(4)]
         assert codes == [250, 554, 451, 451]
-        assert proxy.admin is not None and proxy.admin.server is not None
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
         port = proxy.admin.server.port
         status, text = await asyncio.to_thread(_get, port, "/metrics", TOKEN)
     assert status == 200
@@ -112,9 +113,10 @@ async def test_a_scrape_counts_deliveries_refusals_and_deferrals(
 async def test_without_the_token_the_answer_is_401(
     proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
-    admin = dict(admin_listen=HostPort("127.0.0.1", 0), admin_token_file=_token_file(tmp_path))
+    admin = {"admin_listen": HostPort("127.0.0.1", 0), "admin_token_file": _token_file(tmp_path)}
     async with ScriptedMX() as mx, proxy_factory((mx.host, mx.port), settings=admin) as proxy:
-        assert proxy.admin is not None and proxy.admin.server is not None
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
         port = proxy.admin.server.port
         assert (await asyncio.to_thread(_get, port, "/metrics", None))[0] == 401
         assert (await asyncio.to_thread(_get, port, "/metrics", "wrong"))[0] == 401
@@ -127,7 +129,7 @@ async def test_destinations_are_scraped_from_the_scheduler(
     proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
     """With fair sharing: the destination's limit and connections while it is in use."""
-    admin = dict(admin_listen=HostPort("127.0.0.1", 0), admin_token_file=_token_file(tmp_path))
+    admin = {"admin_listen": HostPort("127.0.0.1", 0), "admin_token_file": _token_file(tmp_path)}
     lan = TenantGroup("lan", (ipaddress.ip_network("127.0.0.0/8"),))
     fair = FairSettings(idle_timeout=30.0, tenants=(lan,))
     async with (
@@ -135,7 +137,8 @@ async def test_destinations_are_scraped_from_the_scheduler(
         proxy_factory((mx.host, mx.port), settings=admin, fair=fair) as proxy,
     ):
         assert await asyncio.to_thread(_send, proxy.port) == 250
-        assert proxy.admin is not None and proxy.admin.server is not None
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
         status, text = await asyncio.to_thread(_get, proxy.admin.server.port, "/metrics", TOKEN)
     assert status == 200
     got = samples(text)

@@ -43,6 +43,16 @@ def _scrape_until(port: int, done: object, timeout: float = 10.0) -> dict:  # ty
         time.sleep(0.2)
 
 
+def _metric_dirs(state: Path) -> list[Path]:
+    return list(state.glob("metrics-*"))
+
+
+def _live_workers(state: Path) -> set[int]:
+    """The pids with live gauges in the run's metrics directory: the workers."""
+    (directory,) = _metric_dirs(state)
+    return {int(p.stem.rsplit("_", 1)[1]) for p in directory.glob("gauge_livesum_*")}
+
+
 @pytest.mark.parametrize("fair", [True, False], ids=["broker", "alone"])
 async def test_one_scrape_sums_both_workers(tmp_path: Path, fair: bool) -> None:
     log = tmp_path / "sessions.db"
@@ -86,8 +96,7 @@ async def test_one_scrape_sums_both_workers(tmp_path: Path, fair: bool) -> None:
             # a worker killed: restarted, counted; what it counted stays (a worker that
             # dies in its first 5 s is a failure at start, which stops everything)
             await asyncio.sleep(max(0.0, listening + 5.2 - time.monotonic()))
-            directory = next(tmp_path.glob("metrics-*"))
-            workers = {int(p.stem.rsplit("_", 1)[1]) for p in directory.glob("gauge_livesum_*")}
+            workers = _live_workers(tmp_path)
             assert len(workers) == 2
             os.kill(min(workers), signal.SIGKILL)
 
@@ -105,7 +114,7 @@ async def test_one_scrape_sums_both_workers(tmp_path: Path, fair: bool) -> None:
             output = started + (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
         assert proc.returncode == 0, output
         assert ("exited with -9; restarting it" in output) is fair, output
-    assert not list(tmp_path.glob("metrics-*")), "the metrics directory is removed at exit"
+    assert not _metric_dirs(tmp_path), "the metrics directory is removed at exit"
     sessions = list_sessions(f"sqlite:{log}", 0)
     assert sum(s["messages"] for s in sessions) == 16
     assert len({s["id"].split("-")[0] for s in sessions}) == 2  # both workers had some
