@@ -72,12 +72,12 @@ def registry(path: Path) -> CollectorRegistry:
     return out
 
 
-def restarts_counter() -> Counter:
+def restarts_counter(registry: CollectorRegistry | None = None) -> Counter:
     """The supervisor's count of worker restarts (written to its own file)."""
     return Counter(
         "mailsluice_worker_restarts",
         "Worker (or broker) processes restarted after they exited",
-        registry=None,
+        registry=registry,
     )
 
 
