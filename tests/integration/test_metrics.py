@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import smtplib
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import ProxyFactory
+from tests.integration.proxy_helpers import run_tool
 
 from mailsluice.config import HostPort
 from mailsluice.fairconfig import FairSettings, TenantGroup
@@ -157,3 +159,17 @@ async def test_destinations_are_scraped_from_the_scheduler(
         )
         == 1
     )
+
+
+async def test_serve_refuses_a_public_admin_address_without_a_token(tmp_path: Path) -> None:
+    config = tmp_path / "mailsluice.toml"
+    config.write_text('admin_listen = "0.0.0.0:9325"\n')
+    code, output = await run_tool(
+        sys.executable, "-m", "mailsluice", "serve", "--config", str(config),
+        "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1",
+        "--log", f"sqlite:{tmp_path / 's.db'}", timeout=30,
+    )  # fmt: skip
+    assert code != 0
+    assert "admin_listen: 0.0.0.0:9325 is not a loopback address" in output
+    assert "admin_token_file" in output
+    assert "listening" not in output

@@ -123,7 +123,8 @@ class AdminServer:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         try:
             response = await self._answer(conn, reader)
-            if response is not None and conn.our_state is h11.SEND_RESPONSE:
+            # (IDLE: the request was never read whole; h11 lets a server answer it anyway)
+            if response is not None and conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 async with asyncio.timeout(WRITE_TIMEOUT):
                     await self._send(conn, writer, response)
         except (OSError, TimeoutError, h11.LocalProtocolError):
