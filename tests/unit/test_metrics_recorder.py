@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from mailsluice.filtering.chain import FilterCounts
 from mailsluice.policy.deferrals import default_rules
+from mailsluice.policy.tls.model import Level, Policy, Result, Source, Verdict
 from mailsluice.relay.records import (
     Record,
     SessionClosed,
@@ -195,3 +196,16 @@ def test_tee_submits_first_then_counts() -> None:
     both(record)
     assert seen == [record]
     assert _value(registry, "mailsluice_sessions_total", result="quit") == 1
+
+
+def test_tls_policy_checks_by_level_source_and_result() -> None:
+    metrics, registry = _recorder()
+    policy = Policy("example.org", Level.VERIFY, Source.MTA_STS)
+    metrics.tls_checked(policy, Verdict(True, Result.SUCCESS, "ok"))
+    metrics.tls_checked(policy, Verdict(False, Result.CERTIFICATE_NOT_TRUSTED, "self-signed"))
+    metrics.tls_checked(None, None)
+    name = "mailsluice_tls_policy_checks_total"
+    labels = {"level": "verify", "source": "mta-sts"}
+    assert _value(registry, name, **labels, result="success") == 1
+    assert _value(registry, name, **labels, result="certificate-not-trusted") == 1
+    assert _value(registry, name, level="unknown", source="unknown", result="lookup-timeout") == 1

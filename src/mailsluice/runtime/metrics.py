@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mailsluice.filtering.chain import FilterCounts
 from mailsluice.policy.deferrals import Rule, classify
+from mailsluice.policy.tls.model import Policy, Verdict
 from mailsluice.relay.records import (
     Record,
     SessionClosed,
@@ -176,6 +177,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.tls_checks = Counter(
+            "mailsluice_tls_policy_checks",
+            "Per-domain TLS policy checks of the MX leg, by policy level, its source and "
+            "the RFC 8460 result (success, ...; lookup-timeout: no policy in time)",
+            ["level", "source", "result"],
+            registry=r,
+        )
         self.filter_runs = Counter(
             "mailsluice_filter_runs", "Messages a filter or milter judged", ["filter"], registry=r
         )
@@ -308,6 +316,14 @@ class Metrics:
     def connected(self, seconds: float) -> None:
         """A new MX connection took ``seconds`` to dial."""
         self.phase.labels("connect").observe(max(0.0, seconds))
+
+    def tls_checked(self, policy: Policy | None, verdict: Verdict | None) -> None:
+        """A recipient domain's TLS policy check (``runtime.tlsgate``); None: timed out."""
+        if policy is None or verdict is None:
+            self.tls_checks.labels("unknown", "unknown", "lookup-timeout").inc()
+        else:
+            labels = (policy.level.value, policy.source.value, verdict.result.value)
+            self.tls_checks.labels(*labels).inc()
 
     def listening(self) -> None:
         """This worker listens: it counts as up until its process ends."""

@@ -99,6 +99,8 @@ class WorkerMetrics:
     ) -> None:
         """The proxy listens: count it up, sample its counters, serve (one process)."""
         self._services = services
+        if services.mx_tls.gate is not None:
+            services.mx_tls.gate.observe = self.metrics.tls_checked
         self.metrics.listening()
         self.sample()
         if self.registry is not None:
