@@ -91,10 +91,13 @@ _PROXY_REASONS = {
     "4.7.1": "refused",
 }
 _ENHANCED = re.compile(r"([245]\.\d{1,3}\.\d{1,3})\b")
+OUTCOMES = ("delivered", "rejected", "deferred", "rejected_by_proxy", "deferred_by_proxy",
+            "aborted")  # fmt: skip
 PHASES = ("connect", "greeting", "connect_to_354", "end_of_data")
 #: seconds: from a LAN MX (ms) to one that takes minutes to answer the dot
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _FROM_MX = ("s>c", "s>p")
+MAX_TRACKED = 100_000  # sessions followed at once (more: counted, not timed)
 SAMPLE_EVERY = 1.0  # seconds between samples of the runtime's own counters
 
 
@@ -210,19 +213,22 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
-        for phase in PHASES:  # every series exists from the start (rate() needs a zero)
-            self.phase.labels(phase)
-        for outcome in (
-            "delivered",
-            "rejected",
-            "deferred",
-            "rejected_by_proxy",
-            "deferred_by_proxy",
-            "aborted",
-        ):
-            self.transactions.labels(outcome)
+        # every series exists from the start (rate() needs a zero); children are kept,
+        # since ``labels()`` costs more than the increment itself
+        self._phases = {phase: self.phase.labels(phase) for phase in PHASES}
+        self._children: dict[tuple[Counter, str], Counter] = {}
+        for outcome in OUTCOMES:
+            self._count(self.transactions, outcome, 0)
         self._seen_dropped = 0
         self._seen_filters: dict[str, tuple[int, int, int, int]] = {}
+
+    def _count(self, metric: Counter, label: str, amount: float = 1) -> None:
+        """``metric.labels(label).inc(amount)``, its child made once (labels are bounded)."""
+        child = self._children.get((metric, label))
+        if child is None:
+            child = self._children[metric, label] = metric.labels(label)
+        if amount:
+            child.inc(amount)
 
     # ------------------------------------------------------------ the records
     def tee(self, submit: Callable[[Record], None]) -> Callable[[Record], None]:
@@ -245,7 +251,8 @@ class Metrics:
             assert isinstance(record, TransactionEnded)
             self._transaction(record)
         elif kind is SessionOpened:
-            self._sessions[record.session_id] = _Session()
+            if len(self._sessions) < MAX_TRACKED:  # (every session ends with its close)
+                self._sessions[record.session_id] = _Session()
         elif kind is SessionClosed:
             assert isinstance(record, SessionClosed)
             self._closed(record)
@@ -257,10 +264,10 @@ class Metrics:
         for _, at, direction, text in chunk.lines:
             if direction in _FROM_MX:
                 if session.connected_at is not None:
-                    self.phase.labels("greeting").observe(max(0.0, at - session.connected_at))
+                    self._phases["greeting"].observe(max(0.0, at - session.connected_at))
                     session.connected_at = None
                 if session.dot_at is not None and text[:1].isdigit() and text[:3] != "354":
-                    self.phase.labels("end_of_data").observe(max(0.0, at - session.dot_at))
+                    self._phases["end_of_data"].observe(max(0.0, at - session.dot_at))
                     session.dot_at = None
                 if text[:1] == "4":
                     self._mx_deferral(text)
@@ -278,7 +285,7 @@ class Metrics:
         code = line[:3]
         reply = Reply(int(code) if code.isdigit() else 400, (line[4:].encode(),))
         kind, _ = classify(reply, self._rules)
-        self.mx_deferrals.labels(kind.value).inc()
+        self._count(self.mx_deferrals, kind.value)
 
     def _transaction(self, record: TransactionEnded) -> None:
         outcome = record.outcome
@@ -287,35 +294,35 @@ class Metrics:
             # ended by a failure the proxy answered (421/451: a timeout after the dot, the
             # MX lost mid-message...): the client was told to try again, by us
             if session.last_reply[:3] in ("421", "451"):
-                self.proxy_deferrals.labels(proxy_reason(session.last_reply[4:])).inc()
+                self._count(self.proxy_deferrals, proxy_reason(session.last_reply[4:]))
                 outcome = "deferred_by_proxy"
         elif outcome in ("deferred", "rejected"):
             if session is None or session.last_to_client != "s>c":
                 if outcome == "deferred":
-                    self.proxy_deferrals.labels(proxy_reason(record.reply_text)).inc()
+                    self._count(self.proxy_deferrals, proxy_reason(record.reply_text))
                 outcome += "_by_proxy"
         elif outcome == "delivered":
             self.relayed.inc(record.size)
         elif outcome != "aborted":
             outcome = "aborted"
-        self.transactions.labels(outcome).inc()
+        self._count(self.transactions, outcome)
 
     def _closed(self, record: SessionClosed) -> None:
         self._sessions.pop(record.session_id, None)
-        self.sessions.labels(session_result(record.reason)).inc()
+        self._count(self.sessions, session_result(record.reason))
         if record.connect_to_354_ms is not None:
-            self.phase.labels("connect_to_354").observe(record.connect_to_354_ms / 1000.0)
+            self._phases["connect_to_354"].observe(record.connect_to_354_ms / 1000.0)
         if record.tls_version is None:
             tls = "plaintext"
         else:
             tls = "verified" if record.tls_verified else "unverified"
-        self.mx_tls.labels(tls).inc()
-        self.client_tls.labels("plaintext" if record.client_tls_version is None else "tls").inc()
+        self._count(self.mx_tls, tls)
+        self._count(self.client_tls, "plaintext" if record.client_tls_version is None else "tls")
 
     # ------------------------------------------------------------ the runtime's own
     def connected(self, seconds: float) -> None:
         """A new MX connection took ``seconds`` to dial."""
-        self.phase.labels("connect").observe(max(0.0, seconds))
+        self._phases["connect"].observe(max(0.0, seconds))
 
     def tls_checked(self, policy: Policy | None, verdict: Verdict | None) -> None:
         """A recipient domain's TLS policy check (``runtime.tlsgate``); None: timed out."""
