@@ -19,10 +19,20 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import ProxyFactory
-from tests.integration.proxy_helpers import run_tool
+from tests.integration.fair_helpers import (
+    TENANTS,
+    Sending,
+    fair,
+    greeted,
+    paused_transaction,
+    session,
+    tenant,
+)
+from tests.integration.proxy_helpers import FAST_TIMEOUTS, outcome, run_tool
 
 from mailsluice.config import HostPort
 from mailsluice.fairconfig import FairSettings, TenantGroup
+from mailsluice.policy.learned import LimitRules
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -159,6 +169,42 @@ async def test_destinations_are_scraped_from_the_scheduler(
         )
         == 1
     )
+
+
+async def test_a_wait_for_a_slot_that_ran_out_is_deferred_by_proxy(
+    proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """Fair sharing, one slot held by a paused transaction: the other tenant's MAIL waits
+    ``hold_max`` and gets 451 4.4.5: deferred by the proxy, the destination busy."""
+    admin = {"admin_listen": HostPort("127.0.0.1", 0), "admin_token_file": _token_file(tmp_path)}
+    settings = fair(limits=LimitRules(start=1, ceiling=1), hold_max=0.3)
+    async with (
+        ScriptedMX(idle_timeout=5.0) as mx,
+        proxy_factory(mx.address, settings=admin, timeouts=FAST_TIMEOUTS, fair=settings) as proxy,
+    ):
+        await session(proxy, TENANTS[0])
+        async with (
+            await tenant(proxy, TENANTS[0]) as blocker,
+            await tenant(proxy, TENANTS[1]) as waiter,
+            asyncio.TaskGroup() as group,
+        ):
+            await greeted(blocker)
+            await greeted(waiter)
+            held = await paused_transaction(group, blocker, Sending(TENANTS[0]))
+            await waiter.send(b"MAIL FROM:<late@t.test>\r\nRCPT TO:<r@mx.test>\r\nDATA\r\n")
+            replies = [await outcome(waiter) for _ in range(3)]
+            assert await held.finish(), held.sending.replies
+            assert (await waiter.quit()) is not None
+        assert [r[:9] for r in replies] == ["451 4.4.5"] * 3, replies
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
+        status, text = await asyncio.to_thread(_get, proxy.admin.server.port, "/metrics", TOKEN)
+    assert status == 200
+    got = samples(text)
+    assert value(got, "mailsluice_transactions_total", outcome="deferred_by_proxy") == 1
+    assert value(got, "mailsluice_transactions_total", outcome="deferred") == 0
+    assert value(got, "mailsluice_proxy_deferrals_total", reason="destination_busy") == 1
+    assert value(got, "mailsluice_transactions_total", outcome="delivered") == 2
 
 
 async def test_serve_refuses_a_public_admin_address_without_a_token(tmp_path: Path) -> None:

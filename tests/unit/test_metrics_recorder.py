@@ -209,3 +209,25 @@ def test_tls_policy_checks_by_level_source_and_result() -> None:
     assert _value(registry, name, **labels, result="success") == 1
     assert _value(registry, name, **labels, result="certificate-not-trusted") == 1
     assert _value(registry, name, level="unknown", source="unknown", result="lookup-timeout") == 1
+
+
+def test_a_wait_that_ran_out_is_the_proxy_s_even_before_its_reply_is_logged() -> None:
+    """Fair sharing ends the transaction before its 451 reaches the client's transcript:
+    the last MX reply (here its 250 to EHLO) is not the final reply, so it is ours."""
+    metrics, registry = _recorder()
+    text = "4.4.5 Error: the destination is busy, try again later"
+    _feed(
+        metrics,
+        SessionOpened(SID, 10.0, "c:1", "d:25", None),
+        _chunk(
+            (10.1, "c>p", "EHLO c"),
+            (10.2, "s>c", "250 mx"),
+            (10.3, "c>p", "MAIL FROM:<a>"),
+            (10.8, "note", "no connection to d:25 within the wait: 451 4.4.5"),
+        ),
+        _txn("deferred", 451, text),
+        _chunk((10.8, "p>c", f"451 {text}")),
+        _closed(),
+    )
+    assert _value(registry, "mailsluice_transactions_total", outcome="deferred_by_proxy") == 1
+    assert _value(registry, "mailsluice_proxy_deferrals_total", reason="destination_busy") == 1

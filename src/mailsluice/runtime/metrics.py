@@ -12,9 +12,11 @@ the dial time (``Metrics.connected``, once per MX connection), and, sampled ever
 (``Metrics.sample``), the log writer's drops, the filters' counters, the open sessions.
 
 **What is read from the transcript.** A deferral (4xx) or refusal (5xx) at end of data
-is the MX's when the last reply the client got was relayed from the MX (``s>c``), the
-proxy's own otherwise (``p>c``: a wait for a slot that ran out, a timeout, a TLS policy,
-a filter...), the reason then named by its enhanced status code (a bounded set). Every
+is the MX's when its final reply is the last reply the MX gave (``s>c``, ``s>p``), the
+proxy's own otherwise (a wait for a slot that ran out, a timeout, a TLS policy, a
+filter...), the reason then named by its enhanced status code (a bounded set); an
+aborted transaction whose last reply to the client was the proxy's 421/451 (``p>c``: a
+timeout after the dot, the MX lost mid-message) is deferred by the proxy too. Every
 4xx line from the MX (relayed or taken by the proxy) is classed by the deferral rules
 (``policy.deferrals``). Latencies: the MX's greeting is its first line after the
 ``connected to`` note; the end-of-data reply is the MX's first line after the
@@ -101,6 +103,14 @@ MAX_TRACKED = 100_000  # sessions followed at once (more: counted, not timed)
 SAMPLE_EVERY = 1.0  # seconds between samples of the runtime's own counters
 
 
+def _same(line: str, record: TransactionEnded) -> bool:
+    """Whether the MX's reply ``line`` (as in the transcript: ``451 4.7.1 text``, lines
+    joined by newlines) is the transaction's final reply (code, then text)."""
+    if record.reply_code is None or not line.startswith(str(record.reply_code)):
+        return False
+    return line.rpartition("\n")[2][4:] == (record.reply_text or "").rpartition("\n")[2]
+
+
 def session_result(reason: str) -> str:
     """A session's close reason as a bounded label."""
     return reason if reason in _RESULTS else "other"
@@ -120,6 +130,7 @@ class _Session:
     dot_at: float | None = None  # the client's end of data: the MX's reply is awaited
     last_to_client: str = ""  # the direction of the last reply the client got ...
     last_reply: str = ""  # ... and that reply
+    last_mx: str = ""  # the last reply from the MX (relayed or taken by the proxy)
 
 
 class Metrics:
@@ -271,6 +282,7 @@ class Metrics:
                     session.dot_at = None
                 if text[:1] == "4":
                     self._mx_deferral(text)
+                session.last_mx = text
                 if direction == "s>c":
                     session.last_to_client, session.last_reply = direction, text
             elif direction == "p>c":
@@ -297,7 +309,7 @@ class Metrics:
                 self._count(self.proxy_deferrals, proxy_reason(session.last_reply[4:]))
                 outcome = "deferred_by_proxy"
         elif outcome in ("deferred", "rejected"):
-            if session is None or session.last_to_client != "s>c":
+            if session is None or not _same(session.last_mx, record):
                 if outcome == "deferred":
                     self._count(self.proxy_deferrals, proxy_reason(record.reply_text))
                 outcome += "_by_proxy"
