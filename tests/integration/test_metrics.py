@@ -135,6 +135,12 @@ async def test_without_the_token_the_answer_is_401(
         assert (await asyncio.to_thread(_get, port, "/healthz", TOKEN)) == (200, "ok\n")
         assert (await asyncio.to_thread(_get, port, "/readyz", TOKEN))[0] == 200
         assert (await asyncio.to_thread(_get, port, "/nothing", TOKEN))[0] == 404
+        await proxy.shutdown(grace=0)  # not accepting any more: not ready, still alive
+        assert await asyncio.to_thread(_get, port, "/readyz", TOKEN) == (
+            503,
+            "not accepting connections\n",
+        )
+        assert (await asyncio.to_thread(_get, port, "/healthz", TOKEN))[0] == 200
 
 
 async def test_destinations_are_scraped_from_the_scheduler(
