@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import trustme
 from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import (
@@ -29,10 +30,13 @@ from tests.integration.fair_helpers import (
     tenant,
 )
 from tests.integration.proxy_helpers import FAST_TIMEOUTS, outcome, run_tool
+from tests.integration.test_tls_policy_matrix import FAULTS, rule, send_one
 
 from mailsluice.config import HostPort
 from mailsluice.fairconfig import FairSettings, TenantGroup
 from mailsluice.policy.learned import LimitRules
+from mailsluice.policy.tls.model import Level
+from mailsluice.tlsconfig import TlsSettings
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -225,3 +229,33 @@ async def test_serve_refuses_a_public_admin_address_without_a_token(tmp_path: Pa
     assert "admin_listen: 0.0.0.0:9325 is not a loopback address" in output
     assert "admin_token_file" in output
     assert "listening" not in output
+
+
+async def test_tls_policy_checks_are_counted_by_level_and_result(
+    proxy_factory: ProxyFactory, tls_ca: trustme.CA, tls_ca_file: str, tmp_path: Path
+) -> None:
+    """A verify rule for the domain: a good MX is verified, a wrong-name one is not."""
+    tls = TlsSettings(ca_file=tls_ca_file, rules=(rule(Level.VERIFY),))
+    admin = {
+        "admin_listen": HostPort("127.0.0.1", 0),
+        "admin_token_file": _token_file(tmp_path),
+        "tls": tls,
+    }
+    for fault in ("good", "wrong-name"):
+        async with FAULTS[fault](tls_ca) as mx, proxy_factory(mx.address, settings=admin) as proxy:
+            codes, _ = await send_one(proxy)
+            assert (codes[-1] == 250) is (fault == "good"), codes
+            assert proxy.admin is not None
+            assert proxy.admin.server is not None
+            port = proxy.admin.server.port
+            got = samples((await asyncio.to_thread(_get, port, "/metrics", TOKEN))[1])
+        labels = {"level": "verify", "source": "rule"}
+        name = "mailsluice_tls_policy_checks_total"
+        if fault == "good":
+            assert value(got, name, **labels, result="success") == 1
+            tls_sessions = "mailsluice_mx_tls_sessions_total"
+            assert value(got, tls_sessions, result="plaintext") == 0  # (verified at RCPT)
+            assert sum(value(got, tls_sessions, result=r) for r in ("unverified", "verified")) == 1
+        else:
+            assert value(got, name, **labels, result="certificate-host-mismatch") == 1
+            assert value(got, name, **labels, result="success") == 0
