@@ -32,7 +32,7 @@ from tests.integration.fair_helpers import (
 from tests.integration.proxy_helpers import FAST_TIMEOUTS, outcome, run_tool
 from tests.integration.test_tls_policy_matrix import FAULTS, rule, send_one
 
-from mailsluice.config import HostPort
+from mailsluice.config import HostPort, settings_from_mapping
 from mailsluice.fairconfig import FairSettings, TenantGroup
 from mailsluice.policy.learned import LimitRules
 from mailsluice.policy.tls.model import Level
@@ -259,3 +259,23 @@ async def test_tls_policy_checks_are_counted_by_level_and_result(
         else:
             assert value(got, name, **labels, result="certificate-host-mismatch") == 1
             assert value(got, name, **labels, result="success") == 0
+
+
+async def test_filters_are_counted_by_name(proxy_factory: ProxyFactory, tmp_path: Path) -> None:
+    filters = settings_from_mapping({"filters": [{"type": "trace-header"}]}).filters
+    admin = {
+        "admin_listen": HostPort("127.0.0.1", 0),
+        "admin_token_file": _token_file(tmp_path),
+        "filters": filters,
+    }
+    async with ScriptedMX() as mx, proxy_factory(mx.address, settings=admin) as proxy:
+        assert await asyncio.to_thread(_send, proxy.port) == 250
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
+        got = samples(
+            (await asyncio.to_thread(_get, proxy.admin.server.port, "/metrics", TOKEN))[1]
+        )
+    runs = {
+        dict(k[1])["filter"]: v for k, v in got.items() if k[0] == "mailsluice_filter_runs_total"
+    }
+    assert list(runs.values()) == [1], runs
