@@ -8,8 +8,13 @@ to ``services.submit_record``: the log writer's ``submit`` itself when metrics a
 (not one more call on the hot path), or ``Metrics.tee`` when they are on, which submits
 it and then feeds ``Metrics.observe``. One interface, no import of ``prometheus_client``
 outside the runtime. What is not in the records comes from the runtime's own counters:
-the dial time (``Metrics.connected``, once per MX connection), and, sampled every second
+the dial time (``Metrics.connected``, once per MX connection), the TLS policy verdicts
+(``Metrics.tls_checked``, told by ``runtime.tlsgate``), and, sampled every second
 (``Metrics.sample``), the log writer's drops, the filters' counters, the open sessions.
+What it costs when on: about 50 µs of CPU per one-message session (90 µs in multi-process
+mode, where every increment is a write to a memory-mapped file), measured on a loaded
+2-core machine; the labelled children are made once (``labels()`` costs more than an
+increment).
 
 **What is read from the transcript.** A deferral (4xx) or refusal (5xx) at end of data
 is the MX's when its final reply is the last reply the MX gave (``s>c``, ``s>p``), the
