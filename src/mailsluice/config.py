@@ -115,6 +115,9 @@ class Settings:
     state_file: str | None = None
     # set by the supervisor: the workers share the broker's scheduler (not a setting)
     shared_fair: bool = False
+    # the admin HTTP server (``runtime.admin``: /metrics, /healthz, /readyz); None = off
+    admin_listen: HostPort | None = None
+    admin_token_file: str | None = None  # a bearer token, read from this file at start
 
     @property
     def listen_addresses(self) -> tuple[HostPort, ...]:
@@ -239,7 +242,25 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
             settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
         )
         settings = replace(settings, relay=relay)
+    check_admin(settings)
     return settings
+
+
+def check_admin(settings: Settings) -> None:
+    """``admin_listen`` off a loopback address needs ``admin_token_file`` (never a public
+    admin server without a token)."""
+    where = settings.admin_listen
+    if where is None or settings.admin_token_file:
+        return
+    try:
+        loopback = ipaddress.ip_address(where.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = where.host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"admin_listen: {where} is not a loopback address; set admin_token_file (a file "
+            "holding the bearer token) or listen on 127.0.0.1 / [::1]"
+        )
 
 
 def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Settings:
@@ -292,6 +313,10 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top["log"] = _log_url(_string(raw, key), key)
             case "state_file":
                 top["state_file"] = _string(raw, key) or None
+            case "admin_listen":
+                top["admin_listen"] = parse_host_port(_string(raw, key), key) if raw else None
+            case "admin_token_file":
+                top["admin_token_file"] = _string(raw, key) or None
             case "log_queue_limit":
                 top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
             case "workers":

@@ -24,12 +24,14 @@ broker it restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,9 @@ from mailsluice.runtime.statefile import StateFile, read_learned
 __all__ = ["Broker", "BrokerClient", "broker_address", "run_broker"]
 
 log = logging.getLogger("mailsluice.broker")
+
+#: the admin server to run in the broker's process, given the scheduler
+AdminHere = Callable[[LocalScheduler], AbstractAsyncContextManager[object]]
 
 _CONNECT_TRIES = 100  # x 50 ms: a worker waits this long for the broker at start
 
@@ -209,10 +214,14 @@ async def _serve_broker(
     state: Path | None,
     grace: float,
     reread: Callable[[], FairSettings] | None = None,
+    admin: AdminHere | None = None,
 ) -> None:
     broker = Broker(
         rules=rules, weight=weight, remembered=read_learned(state), destinations=destinations
     )
+    extras = contextlib.AsyncExitStack()  # the admin server, here where the scheduler is
+    if admin is not None:
+        await extras.enter_async_context(admin(broker.scheduler))
     server = await broker.listen(address)
     writer = None
     if state is not None:
@@ -246,6 +255,7 @@ async def _serve_broker(
     broker.scheduler.close()
     if writer is not None:
         writer.stop()
+    await extras.aclose()
 
 
 def _reconfigure(broker: Broker, reread: Callable[[], FairSettings]) -> bool:
@@ -278,11 +288,13 @@ def run_broker(
     state: Path | None,
     grace: float,
     reread: Callable[[], FairSettings] | None = None,
+    admin: AdminHere | None = None,
 ) -> int:
     """The broker process's main (started by the supervisor before the workers); after
     SIGTERM it serves until the workers have gone, ``grace`` seconds (+10) at most.
-    SIGHUP: ``reread`` gives the fair-sharing settings again (None: ignored)."""
-    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace, reread))
+    SIGHUP: ``reread`` gives the fair-sharing settings again (None: ignored).
+    ``admin``: the admin server to run beside the scheduler (``runtime.admin.host``)."""
+    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace, reread, admin))
     return 0
 
 

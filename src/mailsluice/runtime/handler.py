@@ -335,7 +335,7 @@ class ConnectionHandler:
                     server.write(action.data)
             elif isinstance(action, act.Log):
                 record = action.record
-                self._services.log_writer.submit(record)
+                self._services.submit_record(record)
                 if self._fair is not None:
                     self._fair.observe(record)
                 if self._sourced and isinstance(record, TransactionEnded):

@@ -7,7 +7,8 @@ Bounded memory whatever the traffic, and no clock of its own (the time is passed
   and connect-to-354 of the destination's new connections;
 * ``RecentCounts``: events by kind in the last 15 minutes (deferrals by class), in
   30-second steps;
-* ``Tally``: all of a destination's numbers together, and their view.
+* ``Tally``: all of a destination's numbers together, and their view;
+* ``TenantWaits``: how long each tenant's transactions waited for a slot (the metrics).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-__all__ = ["Latency", "RecentCounts", "Tally"]
+__all__ = ["Latency", "RecentCounts", "Tally", "TenantWaits"]
 
 
 class Latency:
@@ -125,6 +126,7 @@ class Tally:
             "grants": self.grants,
             "waited": self.waited,
             "mean_wait_s": round(self.wait_seconds / self.waited, 3) if self.waited else 0,
+            "wait_s": round(self.wait_seconds, 3),
             "peak_in_use": self.peak_in_use,
             "capacity_refusals": self.refusals,
             "declined": self.declined,
@@ -132,3 +134,28 @@ class Tally:
             "deferrals_15m": self.recent.counts(now),
             "latency": {"greeting": self.greeting.view(), "to_354": self.to_354.view()},
         }
+
+
+class TenantWaits:
+    """Per tenant (``tenant@worker`` counted as ``tenant``): transactions granted, those
+    that waited, and the seconds they waited. At most ``MAX`` tenants are kept apart
+    (tenants are client addresses without ``[[tenants]]``); later ones count as ``""``."""
+
+    MAX = 1024
+
+    __slots__ = ("by_tenant",)
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, list[float]] = {}  # tenant -> [grants, waited, seconds]
+
+    def add(self, tenant: str, waited: float | None) -> None:
+        name = tenant.rpartition("@")[0] or tenant
+        into = self.by_tenant.get(name)
+        if into is None:
+            if len(self.by_tenant) >= self.MAX:
+                name = ""
+            into = self.by_tenant.setdefault(name, [0, 0, 0.0])
+        into[0] += 1
+        if waited is not None and waited > 0.001:
+            into[1] += 1
+            into[2] += waited

@@ -127,6 +127,7 @@ class MxLeg:
         settings = services.settings
         host, port = self.destination
         early = _Early()
+        dialled_at = services.loop.time()
         try:
             transport = await dial(
                 host,
@@ -145,6 +146,8 @@ class MxLeg:
         self.transport = transport
         self._source = format_address(self._outbound[:2] if self._outbound else ("?", 0))
         self._opened_at, self._sessions = services.loop.time(), 0
+        if services.metrics is not None:
+            services.metrics.connected(self._opened_at - dialled_at)
         if self.hold is not None:  # fair sharing: the MX has one more of ours
             self.hold.destination.up(self.hold)
         side = self._protocol()

@@ -37,7 +37,7 @@ from mailsluice.policy.destrules import DestinationRule, Limits, domain_rule, se
 from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
 from mailsluice.policy.learned import LearnedLimit, LimitRules
 from mailsluice.policy.pacing import Pacing
-from mailsluice.runtime.meters import Tally
+from mailsluice.runtime.meters import Tally, TenantWaits
 from mailsluice.runtime.orders import (
     Cancellable,
     Close,
@@ -134,6 +134,7 @@ class LocalScheduler:
         self._clock = clock
         self._remembered = dict(remembered or {})
         self._all: dict[DestKey, _Destination] = {}
+        self.waits = TenantWaits()  # per tenant, for the metrics (``runtime.admin``)
 
     def _get(self, key: DestKey) -> _Destination:
         destination = self._all.get(key)
@@ -445,6 +446,7 @@ class LocalScheduler:
             since = destination.asked.pop(order.ticket, None)
             waited = None if since is None else now - since
             destination.tally.granted(waited, destination.share.in_use)
+            self.waits.add(order.tenant, waited)
             conn = 0
             if order.reuse:
                 conn = destination.idle[order.tenant].pop()  # the newest

@@ -34,6 +34,7 @@ import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -44,6 +45,14 @@ from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.policy import limits
 from mailsluice.runtime import clienttls, sdnotify, startup
+from mailsluice.runtime.admin import multiproc
+from mailsluice.runtime.admin.host import (
+    SupervisorMetrics,
+    WorkerMetrics,
+    host_admin,
+    read_token,
+    run_admin_process,
+)
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
 from mailsluice.runtime.handler import ClientProtocol
@@ -54,6 +63,7 @@ from mailsluice.runtime.listener import (
     steer_by_source,
 )
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
+from mailsluice.runtime.metrics import Metrics
 from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
 from mailsluice.runtime.reload import (
     REFUSALS,
@@ -80,6 +90,7 @@ def _services(
     remembered: dict[tuple[str, str, int], int] | None = None,
     mx_tls: MxTls | None = None,
     client_tls: ssl.SSLContext | None = None,
+    metrics: Metrics | None = None,
 ) -> Services:
     """The services every connection of this worker shares."""
     local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
@@ -99,6 +110,7 @@ def _services(
         remembered,
         mx_tls=mx_tls,
         client_tls_context=client_tls,
+        metrics=metrics,
     )
 
 
@@ -146,7 +158,15 @@ class Proxy:
         self._tls_state = state_path(settings.state_file, settings.log)
         mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
         self._tls_results = self._tlsrpt if mx_tls.gate is not None else None
-        self.services = _services(settings, self.log_writer, chain, remembered, mx_tls, client_tls)
+        # metrics (``admin_listen``): served here with one process, by the host's helper
+        # process with several (``runtime.admin.host``)
+        self.admin = (
+            WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
+        )
+        metrics = self.admin.metrics if self.admin is not None else None
+        self.services = _services(
+            settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics
+        )
         self._reload_source = reload_source
         self._reloading = asyncio.Lock()
         self._retiring = RetiredWriters()  # old generations' writers, until drained
@@ -206,6 +226,12 @@ class Proxy:
         load = self.services.connections.__len__
         self._listeners = [Listener(sock, self._adopt, load) for sock in socks]
         self.services.admission.own_addresses = self.addresses
+        if self.admin is not None:
+            try:
+                await self.admin.start(self.services, self._group, self._ready)
+            except OSError:
+                await self._abandon()
+                raise
         destinations = self.services.destinations
         if destinations is not None and self._state_path is not None:
             self._state = StateFile(self._state_path, destinations.views, destinations.learned)
@@ -219,6 +245,20 @@ class Proxy:
             self._reporting = self._group.create_task(self._tls_results.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
+
+    def _ready(self) -> bool:
+        return self.services.admission.accepting and bool(self._listeners)
+
+    async def _abandon(self) -> None:
+        """A start that failed after the listeners were made: undo it."""
+        for listener in self._listeners:
+            listener.close()
+        self._listeners = []
+        assert self.admin is not None
+        assert self._group is not None
+        await self.admin.stop()
+        await self._group.__aexit__(None, None, None)
+        self.log_writer.close()
 
     @property
     def listening_on(self) -> str:
@@ -269,6 +309,8 @@ class Proxy:
         if self.services.admission.accepting:
             await self.shutdown(grace=0 if exc is not None else None)
         assert self._group is not None
+        if self.admin is not None:
+            await self.admin.stop()
         await self._group.__aexit__(exc_type, exc, tb)
         if self._tls_results is not None:
             await asyncio.to_thread(self._tls_results.close)  # the last counts
@@ -321,6 +363,8 @@ class Proxy:
             if prepared.writer is not None:
                 prepared.writer.start()
             self.services = prepared.apply(current)
+            if self.admin is not None:
+                self.admin.renewed(self.services)
             # the generations before, while they have sessions (a writer may be theirs)
             self._older = [g for g in (*self._older, current) if g.live]
             self.settings = prepared.settings
@@ -436,17 +480,39 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     clienttls.server_context(settings)  # the self-signed pair too (the workers share it)
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
+    state = state_path(settings.state_file, settings.log)
+    if settings.admin_listen is None:
+        return _supervise(settings, state, None, source)
+    read_token(settings)  # a bad token file stops us here, before any worker
+    path = multiproc.enable(state.parent if state is not None else None)
+    try:
+        return _supervise(settings, state, path, source)
+    finally:
+        multiproc.cleanup(path)
+
+
+def _supervise(
+    settings: Settings,
+    state: Path | None,
+    metrics: Path | None,
+    source: Callable[[], Settings] | None,
+) -> int:
+    """The workers, and the helper process: the broker (fair sharing) and/or the admin
+    server (``metrics``: the multi-process metrics directory, with ``admin_listen``).
+    ``source``: the configuration read again at SIGHUP (None: SIGHUP reloads nothing)."""
     fair = settings.fair
-    shared_fair = fair.enabled
-    latest = WorkerSettings(settings, source, shared_fair)
+    latest = WorkerSettings(settings, source, fair.enabled)
+    hangup = latest.check if source is not None else None
+    on_exit = SupervisorMetrics(metrics).exited if metrics is not None else None
+    admin = partial(host_admin, settings, metrics) if metrics is not None else None
     if not fair.enabled:
+        helper = partial(run_admin_process, settings, metrics) if metrics is not None else None
         return supervise(
             settings.workers, lambda number: _run_one(latest.worker(), None, latest.read),
-            hangup=latest.check if source is not None else None,
+            helper, on_exit, hangup=hangup,
         )  # fmt: skip
     address = broker_address(os.getpid())
     weights = fair.weights()
-    state = state_path(settings.state_file, settings.log)
 
     def reread() -> FairSettings:  # SIGHUP in the broker: its rules, from the file again
         return latest.read().fair
@@ -454,14 +520,13 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     def broker() -> int:
         return run_broker(
             address, fair.limits, fair.destinations, lambda tenant: weights.get(tenant, 1.0),
-            state, settings.shutdown_grace, reread if source is not None else None,
+            state, settings.shutdown_grace, reread if source is not None else None, admin,
         )  # fmt: skip
 
     def work(number: int) -> int:
         return _run_one(latest.worker(), (address, number), latest.read)
 
-    hangup = latest.check if source is not None else None
-    return supervise(settings.workers, work, broker, hangup=hangup)
+    return supervise(settings.workers, work, broker, on_exit, hangup=hangup)
 
 
 def _run_one(

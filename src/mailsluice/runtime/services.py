@@ -36,6 +36,7 @@ from mailsluice.config import Settings
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.relay.config import RelayConfig
+from mailsluice.relay.records import Record
 from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
@@ -49,6 +50,8 @@ from mailsluice.smtp.replies import Reply
 
 if TYPE_CHECKING:
     import ssl
+
+    from mailsluice.runtime.metrics import Metrics
 
 __all__ = ["ConnectionServices", "Registered", "Services"]
 
@@ -65,6 +68,10 @@ class ConnectionServices(Protocol):
     settings: Settings
     relay_config: RelayConfig  # the relay's settings, with what fair sharing adds
     log_writer: LogWriter
+    # where the relay's log records go: the log writer's ``submit``, or with metrics on
+    # (``runtime.metrics``) a tee that also counts them
+    submit_record: Callable[[Record], None]
+    metrics: Metrics | None  # the Prometheus metrics (None: off)
     destinations: Destinations | None  # fair sharing (None: off)
     filter_chain: FilterChain | None
     pool: UpstreamPool | None
@@ -147,10 +154,14 @@ class Services:
         remembered: dict[tuple[str, str, int], int] | None = None,
         mx_tls: MxTls | None = None,
         client_tls_context: ssl.SSLContext | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.client_tls_context = client_tls_context
         self.log_writer = log_writer
+        self.metrics = metrics
+        submit = log_writer.submit
+        self.submit_record = submit if metrics is None else metrics.tee(submit)
         self.admission = admission
         fair = settings.fair
         self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
@@ -196,6 +207,8 @@ class Services:
         new = copy.copy(self)
         new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
         new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
+        metrics = self.metrics  # the records go to this generation's writer (and counted)
+        new.submit_record = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
         new.relay_config = _relay_config(settings, mx_tls)
         new._mine, new.drained = set(), None
         return new

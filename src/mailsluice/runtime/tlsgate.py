@@ -65,6 +65,8 @@ class TlsGate:
         self._results = results
         self._host = hostname
         self._deadline = deadline
+        # told every verdict (the metrics, ``runtime.metrics``); None: nobody listens
+        self.observe: Callable[[Policy | None, Verdict | None], None] | None = None
 
     async def check(
         self, domain: str, mx_ip: str, facts: TlsFacts, *, sending_ip: str, now: float
@@ -73,10 +75,14 @@ class TlsGate:
             async with asyncio.timeout(self._deadline):
                 policy = await self._policies.policy_for(domain, mx_ip, now)
         except TimeoutError:
+            if self.observe is not None:
+                self.observe(None, None)
             note = f"{domain}: no policy within {self._deadline:g} s: deferred"
             text = f"{domain}: TLS policy lookup timed out, try again later"
             return TlsPolicyChecked(domain, False, Reply.make(451, "4.7.5", text), note)
         verdict = self._check(policy, facts, self._anchors, now)
+        if self.observe is not None:
+            self.observe(policy, verdict)
         if self._results is not None and (
             policy.level.needs_tls or policy.report_type != "no-policy-found"
         ):

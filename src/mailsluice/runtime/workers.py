@@ -89,13 +89,16 @@ def supervise(
     count: int,
     work: Callable[[int], int],
     helper: Callable[[], int] | None = None,
+    on_exit: Callable[[int, int, bool], None] | None = None,
     *,
     hangup: Callable[[], bool] | None = None,
 ) -> int:
     """Fork ``count`` workers running ``work(number)`` and wait for them; returns the exit
-    code. ``helper`` (the fair-sharing broker) runs in a process of its own, started
-    first and restarted like a worker (it is number -1). ``hangup``: SIGHUP's check in
-    the supervisor; when it says yes, SIGHUP goes on to every worker (None: ignored)."""
+    code. ``helper`` (the fair-sharing broker, the admin server) runs in a process of
+    its own, started first and restarted like a worker (it is number -1). ``on_exit(pid,
+    number, restarting)`` hears of every child that exited (the metrics). ``hangup``:
+    SIGHUP's check in the supervisor; when it says yes, SIGHUP goes on to every worker
+    (None: ignored)."""
     stopping = False
     supervisor = os.getpid()
     children: dict[int, int] = {}  # pid -> worker number
@@ -172,12 +175,14 @@ def supervise(
                 continue
             number = children.pop(pid)
             code = os.waitstatus_to_exitcode(status)
+            early = time.monotonic() - last_start[number] < 5.0
+            if on_exit is not None:
+                on_exit(pid, number, not stopping and not (early and code not in (0, RESTART)))
             if stopping:
                 status_code = max(status_code, code if code > 0 else 0)
                 continue
             # a failure soon after start is a start failure (a bad setting, say): starting
             # again would fail again. RESTART asks to be started again, and is not one.
-            early = time.monotonic() - last_start[number] < 5.0
             if early and code not in (0, RESTART):
                 log.error("worker %d failed at start (exit %d); stopping", number, code)
                 status_code = code

@@ -123,6 +123,11 @@ def _mailsluice_trace(ctx: Context) -> contextlib.AbstractAsyncContextManager[En
     return _mailsluice(ctx, config=TRACE_FILTER_CONFIG)
 
 
+def _mailsluice_metrics(ctx: Context) -> contextlib.AbstractAsyncContextManager[Endpoint]:
+    """mailsluice with its metrics on (``admin_listen``: the recorder fed every record)."""
+    return _mailsluice(ctx, config=f'admin_listen = "{LOOPBACK}:{free_port()}"\n')
+
+
 @contextlib.asynccontextmanager
 async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[Endpoint]:
     port = free_port()
@@ -396,6 +401,8 @@ VARIANTS: tuple[Variant, ...] = (
             "off)", _mailsluice_missing, _mailsluice_reuse),
     Variant("mailsluice-trace", "mailsluice with the trace-header filter (filter mode)",
             _mailsluice_missing, _mailsluice_trace),
+    Variant("mailsluice-metrics", "mailsluice with the Prometheus metrics on (admin_listen)",
+            _mailsluice_missing, _mailsluice_metrics),
     Variant("pyforward", "a minimal uvloop byte forwarder (the floor of a Python relay)",
             _mailsluice_missing, _pyforward),
     Variant("nginx", "nginx stream TCP proxy", _nginx_missing, _nginx),

@@ -26,6 +26,7 @@ RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("mailsluice-reuse", "postfix", 2.0),
     ("mailsluice-trace", "mailsluice", 0.7),  # issue 5: filtering costs at most 30%
     ("mailsluice", "mailsluice-fcfs", None),  # issue 13: fair sharing on vs off, uncontended
+    ("mailsluice-metrics", "mailsluice", None),  # issue 16: the metrics on vs off
     ("mailsluice-fcfs", "nginx", None),
     ("mailsluice-fcfs", "postfix", None),
     ("pyforward", "nginx", None),  # how far any Python relay gets here

@@ -1,0 +1,207 @@
+"""Where the admin server runs, and what feeds it.
+
+* One process (``workers = 1``): ``WorkerMetrics(serve=True)``: the metrics in a registry
+  of the process's own, the scheduler's collector (``collect``), and the server on the
+  proxy's own loop, in its TaskGroup.
+* ``--workers N``: each worker has ``WorkerMetrics(serve=False)``: its values go to its
+  files in the multi-process directory (``multiproc``). The server runs in the
+  supervisor's helper process: with fair sharing the broker's (``host_admin`` given to
+  ``run_broker``), where the scheduler is, so the destinations' collector reads it
+  directly; without, a process of its own (``run_admin_process``). Not in the
+  supervisor itself: it only forks and waits, with no event loop and no thread, so that
+  forking stays safe; the helper is restarted like a worker if it dies. The supervisor
+  counts restarts and takes dead workers out of the live gauges (``SupervisorMetrics``).
+
+``admin_token_file`` is read once at start (``read_token``); an unreadable or empty file,
+or a non-loopback ``admin_listen`` without one (``config.check_admin``), stops the start
+with an error naming the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from mailsluice.config import ConfigError, Settings, check_admin
+from mailsluice.runtime.admin import multiproc
+from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
+from mailsluice.runtime.admin.http import AdminServer, Router
+from mailsluice.runtime.admin.routes import Readiness, add_routes
+from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
+from mailsluice.runtime.services import Services
+
+__all__ = [
+    "SupervisorMetrics",
+    "WorkerMetrics",
+    "host_admin",
+    "read_token",
+    "run_admin_process",
+]
+
+log = logging.getLogger("mailsluice.admin")
+
+
+def read_token(settings: Settings) -> str | None:
+    """The bearer token (``admin_token_file``), or None when there is no file."""
+    check_admin(settings)
+    name = settings.admin_token_file
+    if not name:
+        return None
+    try:
+        token = Path(name).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"admin_token_file: cannot read {name}: {exc}") from None
+    if not token or any(c.isspace() for c in token):
+        raise ConfigError(
+            f"admin_token_file: {name} must hold one token (no spaces), e.g. "
+            "the output of `openssl rand -hex 32`"
+        )
+    return token
+
+
+async def _start_server(settings: Settings, router: Router, token: str | None) -> AdminServer:
+    where = settings.admin_listen
+    assert where is not None
+    server = AdminServer(router, token=token)
+    try:
+        await server.start(where.host.strip("[]"), where.port)
+    except OSError as exc:
+        raise OSError(exc.errno, f"admin_listen: cannot listen on {where}: {exc.strerror}") from exc
+    log.info("admin server on %s (/metrics, /healthz, /readyz)", where)
+    return server
+
+
+def _groups(settings: Settings) -> frozenset[str]:
+    return frozenset(group.name for group in settings.fair.tenants)
+
+
+class WorkerMetrics:
+    """One worker's metrics: the recorder, its sampler and (``serve``) the server."""
+
+    def __init__(self, settings: Settings, *, serve: bool) -> None:
+        self._settings = settings
+        self._token = read_token(settings) if serve else None
+        self.registry = CollectorRegistry() if serve else None
+        self.metrics = Metrics(self.registry, settings.fair.deferral_rules)
+        self.server: AdminServer | None = None
+        self._services: Services | None = None
+        self._sampler: asyncio.Task[None] | None = None
+
+    def renewed(self, services: Services) -> None:
+        """A generation of the services (at start, and after each reload): its TLS
+        verdicts are counted and its counters sampled."""
+        self._services = services
+        if services.mx_tls.gate is not None:
+            services.mx_tls.gate.observe = self.metrics.tls_checked
+
+    async def start(
+        self, services: Services, group: asyncio.TaskGroup, ready: Callable[[], bool]
+    ) -> None:
+        """The proxy listens: count it up, sample its counters, serve (one process)."""
+        self.renewed(services)
+        self.metrics.listening()
+        self.sample()
+        if self.registry is not None:
+            local = services.destinations.local if services.destinations is not None else None
+            if local is not None:
+                self.registry.register(SchedulerCollector(local, _groups(self._settings)))
+
+            def readiness() -> tuple[bool, str]:
+                return (True, "ready") if ready() else (False, "not accepting connections")
+
+            router = add_routes(Router(), self.registry, readiness, before_scrape=self.sample)
+            self.server = await _start_server(self._settings, router, self._token)
+        self._sampler = group.create_task(self._sample_forever())
+
+    def sample(self) -> None:
+        services = self._services
+        if services is None:
+            return
+        chain = services.filter_chain
+        self.metrics.sample(
+            open_sessions=len(services.connections),
+            log_dropped=services.log_writer.dropped,
+            filters=chain.counters.snapshot() if chain is not None else {},
+        )
+
+    async def _sample_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_EVERY)
+            self.sample()
+
+    async def stop(self) -> None:
+        self.sample()
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
+        if self.server is not None:
+            await self.server.close()
+            self.server = None
+
+
+def workers_up(path: Path) -> int:
+    """The live workers' ``mailsluice_workers_up`` (summed over their files)."""
+    collector = MultiProcessCollector(None, str(path))  # type: ignore[no-untyped-call]
+    for family in collector.collect():  # type: ignore[no-untyped-call]
+        if family.name == "mailsluice_workers_up":
+            return int(sum(sample.value for sample in family.samples))
+    return 0
+
+
+@asynccontextmanager
+async def host_admin(
+    settings: Settings, path: Path, scheduler: SchedulerView | None = None
+) -> AsyncIterator[AdminServer]:
+    """The host's admin server (``--workers N``): every process's metrics summed, and the
+    scheduler's, when it runs in this process."""
+    token = read_token(settings)
+    registry = multiproc.registry(path)
+    if scheduler is not None:
+        registry.register(SchedulerCollector(scheduler, _groups(settings)))
+    wanted = settings.workers
+
+    def ready() -> tuple[bool, str]:
+        up = workers_up(path)
+        return up >= wanted, f"{up} of {wanted} workers up"
+
+    readiness: Readiness = ready
+    server = await _start_server(settings, add_routes(Router(), registry, readiness), token)
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def _serve_alone(settings: Settings, path: Path) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with host_admin(settings, path):
+        await stop.wait()
+
+
+def run_admin_process(settings: Settings, path: Path) -> int:
+    """The helper process's main without fair sharing: the admin server alone."""
+    asyncio.run(_serve_alone(settings, path))
+    return 0
+
+
+class SupervisorMetrics:
+    """The supervisor's part: worker restarts, dead workers out of the live gauges."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._restarts = multiproc.restarts_counter()
+
+    def exited(self, pid: int, number: int, restarting: bool) -> None:
+        multiproc.process_dead(pid, self.path)
+        if restarting:
+            self._restarts.inc()
