@@ -77,7 +77,13 @@ from mailsluice.runtime.sinks import log_url, open_sinks
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsrpt_store import TlsRptStore, store_beside
-from mailsluice.runtime.workers import RESTART, hangup_ignored, log_hangup, supervise
+from mailsluice.runtime.workers import (
+    RESTART,
+    hangup_ignored,
+    hangup_ready,
+    log_hangup,
+    supervise,
+)
 from mailsluice.sessionlog import LogWriter, open_log
 
 log = logging.getLogger("mailsluice.server")
@@ -449,6 +455,7 @@ async def serve(
             destinations.attach(client, worker)
         # after the log writer's process is started, so that it inherits SIGHUP ignored
         loop.add_signal_handler(signal.SIGHUP, proxy.hangup if source is not None else log_hangup)
+        hangup_ready()  # a SIGHUP sent while this worker started is handled now
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         sdnotify.notify("READY=1", f"STATUS=listening on {proxy.listening_on}")  # Type=notify
         await stop.wait()
