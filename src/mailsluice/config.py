@@ -26,6 +26,9 @@ from mailsluice.plugins.settings import (
     parse_plugins,
 )
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
+from mailsluice.sourceconfig import SourceConfigError, SourceSettings
+from mailsluice.sourceconfig import check as check_sources
+from mailsluice.sourceconfig import parse as parse_sources
 from mailsluice.tlsconfig import CLIENT_KEYS, TlsConfigError, TlsSettings
 from mailsluice.tlsconfig import parse as parse_tls
 
@@ -105,6 +108,8 @@ class Settings:
     fair: FairSettings = field(default_factory=FairSettings)
     # TLS on both legs: client_tls_*, [tls_policy], [[tls_policies]] (``tlsconfig``)
     tls: TlsSettings = field(default_factory=TlsSettings)
+    # source addresses: [[source_addresses]], [[source_rules]], source_penalty (``sourceconfig``)
+    sources: SourceSettings = field(default_factory=SourceSettings)
     # the destinations' state (``mailsluice destinations``, learned limits kept across
     # restarts); None: ``destinations.json`` beside a file log, else not written
     state_file: str | None = None
@@ -277,8 +282,17 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
             top["tls"] = parse_tls(client, data.get("tls_policy"), data.get("tls_policies"))
         except TlsConfigError as exc:
             raise ConfigError(str(exc)) from None
+    source_keys = ("source_addresses", "source_rules", "source_penalty")
+    if any(key in data for key in source_keys):
+        try:
+            top["sources"] = parse_sources(*(data.get(k) for k in source_keys))
+            fair = top.get("fair", settings.fair)
+            tenants = tuple(group.name for group in fair.tenants)
+            check_sources(top["sources"], fair_sharing=fair.enabled, tenants=tenants)
+        except SourceConfigError as exc:
+            raise ConfigError(str(exc)) from None
     for key, raw in data.items():
-        if key in tls_keys:
+        if key in tls_keys or key in source_keys:
             continue  # read above, together
         match key:
             case "fair_sharing" | "destinations" | "tenants" | "deferral_rules":

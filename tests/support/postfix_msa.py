@@ -418,16 +418,23 @@ class PostfixMSA:
             raise PostfixError(f"postqueue -c {self.config_dir} -j failed: {done.stderr.strip()}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
-    def sendmail(self, sender: str, recipients: Sequence[str], content: bytes) -> None:
+    def sendmail(
+        self,
+        sender: str,
+        recipients: Sequence[str],
+        content: bytes,
+        options: Sequence[str] = (),
+    ) -> None:
         """Submit one message locally, as a web application would (``sendmail -i -f``).
 
         ``content`` is the message in local (LF) line endings; a line with a lone "." is
-        part of it (``-i``).
+        part of it (``-i``). ``options`` go before ``-f`` (``["-XV"]``: VERP delivery).
         """
         path = find_program("sendmail")
         if path is None:
             raise PostfixError("sendmail not found (apt-get install postfix)")
-        argv = [*self.command_prefix, path, "-C", str(self.config_dir), "-i", "-f", sender]
+        argv = [*self.command_prefix, path, "-C", str(self.config_dir), "-i", *options]
+        argv += ["-f", sender]
         argv += ["--", *recipients]
         try:
             done = subprocess.run(argv, input=content, capture_output=True, timeout=30, check=False)

@@ -16,6 +16,9 @@ COMMANDS = [
     b"MAIL FROM:<>",
     b"mail from: <s@client.example> BODY=8BITMIME",
     b"MAIL FROM:<s@client.example> SIZE=999999999",
+    b"MAIL FROM:<s@client.example> XVERP",
+    b"MAIL FROM:<s@client.example> XVERP=-=",
+    b"MAIL FROM:<> XVERP",
     b"RCPT TO:<r@mx.example>",
     b"RCPT TO:<r2@mx.example> NOTIFY=NEVER",
     b"RCPT TO:<>",
@@ -33,6 +36,21 @@ COMMANDS = [
     b"BDAT 5 LAST",
     b"GET / HTTP/1.1",
 ]
+
+
+def verp_lines(client_lines: set[bytes]) -> set[bytes]:
+    """The MAIL lines the proxy may send for the client's XVERP MAILs: the sender's
+    return path for each recipient the client named."""
+    delimiters = {b"+=" if line.endswith(b"XVERP") else line[-2:]
+                  for line in client_lines if b"XVERP" in line and b"<s@" in line}  # fmt: skip
+    recipients = [b"r", b"r2"]
+    return {
+        b"MAIL FROM:<s" + d[:1] + r + d[1:] + b"mx.example@client.example>"
+        for d in delimiters
+        for r in recipients
+    }
+
+
 RARE = {b"QUIT", b"BDAT 5 LAST", b"GET / HTTP/1.1"}  # end the session: drawn less often
 command_lines = st.sampled_from([c for c in COMMANDS if c not in RARE] * 4 + sorted(RARE))
 terminators = st.sampled_from([b"\r\n", b"\r\n", b"\r\n", b"\n"])

@@ -11,7 +11,7 @@ import pytest
 from mailsluice.config import settings_from_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "configuration.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "configuration.md", ROOT / "docs" / "operations.md"]
 
 
 def _examples() -> list[tuple[str, str]]:

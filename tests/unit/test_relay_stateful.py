@@ -33,6 +33,7 @@ from tests.unit.relay_models import (
     one_reply,
     terminators,
     verb_of,
+    verp_lines,
 )
 from tests.unit.smuggling import is_canonical
 
@@ -220,15 +221,17 @@ class RelayMachine(RuleBasedStateMachine):
         self.client_send(group)
 
     @precondition(may_command)
-    @rule(count=st.integers(min_value=1, max_value=5), end=terminators)
-    def client_transaction(self, count: int, end: bytes) -> None:
-        """The next commands of an ordinary session: EHLO, MAIL, RCPT, RCPT, DATA."""
+    @rule(count=st.integers(min_value=1, max_value=5), end=terminators, xverp=st.booleans())
+    def client_transaction(self, count: int, end: bytes, xverp: bool) -> None:
+        """The next commands of an ordinary session: EHLO, MAIL (with XVERP or not), RCPT,
+        RCPT, DATA."""
+        mail = b"MAIL FROM:<s@client.example>" + (b" XVERP" if xverp else b"")
         group = b""
         for _ in range(count):
             if not self.said_ehlo:
                 line, self.said_ehlo = b"EHLO client.example", True
             else:
-                line = [b"MAIL FROM:<s@client.example>", b"RCPT TO:<r@mx.example>",
+                line = [mail, b"RCPT TO:<r@mx.example>",
                         b"RCPT TO:<r2@mx.example>", b"DATA"][self.script % 4]  # fmt: skip
                 self.script += 1
             group += line + (end if line != b"DATA" else b"\r\n")
@@ -309,7 +312,8 @@ class RelayMachine(RuleBasedStateMachine):
         self.mx_lines.feed(data)
         while (line := self.mx_lines.next_line()) is not None:
             assert isinstance(line, Line)
-            assert line.content in self.client_lines | PROXY_LINES, line.content
+            allowed = self.client_lines | PROXY_LINES
+            assert line.content in allowed | verp_lines(self.client_lines), line.content
             kind = verb_of(line.content)
             self.unanswered.append((kind, 0))
             if kind == "DATA":

@@ -127,6 +127,7 @@ class ReusedUpstream:
     state: UpstreamState
     source: str  # our end of it, "ip:port"
     sessions: int  # client sessions it has carried before this one
+    hello_name: str | None = None  # late binding: the EHLO name of its source address
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,13 @@ class AcquireServer:
     """Late binding: the session needs an MX connection for a transaction. The shell
     answers when the destination has a slot for this tenant: ``ServerReused`` (an idle
     connection of the tenant's) or ``ServerGranted`` then ``ServerConnected`` (a new one),
-    or ``ServerConnectFailed``. Until then the transaction waits (``hold_max``)."""
+    or ``ServerConnectFailed``. Until then the transaction waits (``hold_max``).
+    ``sender``: the transaction's MAIL FROM address (as logged; "" before any MAIL), and
+    ``recipient`` its first recipient when known yet (else ""): the shell may choose the
+    source address by them (``[[source_rules]]``)."""
+
+    sender: str = ""
+    recipient: str = ""
 
 
 @dataclass(frozen=True, slots=True)

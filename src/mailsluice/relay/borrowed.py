@@ -18,7 +18,10 @@ back (``ReleaseServer``) as soon as the transaction is over:
 * **our own set-up.** A new connection gets the MX's greeting, the client's EHLO (or
   HELO) name, STARTTLS when offered (``upgrade``), and EHLO again, all ours; then the
   held commands go out. A reused one is ready (or gets the EHLO again, when the client
-  used another name).
+  used another name). When the shell dials from a configured source address, the EHLO
+  of our set-up says that address's name (``ServerGranted.hello_name``,
+  ``ReusedUpstream.hello_name``: its PTR name) instead of the client's; the shell may
+  choose that address by the transaction's sender (``AcquireServer.sender``).
 * **capacity refusals are ours.** A greeting that says the MX has too many of our
   connections (``capacity_refusal``: at a set-up of ours, or at a first contact, whose
   client then keeps waiting for its greeting), a failed dial, or a connection lost
@@ -72,7 +75,7 @@ class BorrowedLease:
     """A connection per transaction, from the destination's fair share."""
 
     __slots__ = ("_capacity", "_destination", "_greeting", "_hello", "_host", "_link_hello",
-                 "_memo", "_out", "_relay", "_state")  # fmt: skip
+                 "_memo", "_out", "_relay", "_source_hello", "_state")  # fmt: skip
 
     def __init__(
         self,
@@ -95,6 +98,7 @@ class BorrowedLease:
         self._greeting: Reply | None = cached.greeting if cached else None  # of the link
         self._hello: Command | None = None  # the client's last EHLO/HELO: what a set-up says
         self._link_hello: str | None = None  # what the current link was told ("EHLO name")
+        self._source_hello: str | None = None  # the link's source address's EHLO name
 
     # ------------------------------------------------------------------ the session
     def start(self) -> None:
@@ -152,10 +156,16 @@ class BorrowedLease:
 
     def _want(self) -> None:
         self._state.move_link(Link.WANTED)
-        self._out.add(act.AcquireServer())
+        txn = self._out.account.transaction
+        if txn is None:
+            self._out.add(act.AcquireServer())
+        else:
+            first = txn.rcpt_to[0] if txn.rcpt_to else ""
+            self._out.add(act.AcquireServer(txn.mail_from, first))
 
     # ------------------------------------------------------------------ the link
-    def granted(self) -> None:
+    def granted(self, hello_name: str | None = None) -> None:
+        self._source_hello = hello_name
         state = self._state
         state.move_link(Link.DIALLING)
         self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
@@ -183,8 +193,10 @@ class BorrowedLease:
         self._out.note(f"connection to {self._destination} from {upstream.source} "
                        f"(transaction {upstream.sessions + 1} on it)")  # fmt: skip
         self._link_hello = memo.hello
-        hello = self._hello
-        if hello is None or _hello_text(hello) == memo.hello:
+        self._source_hello = upstream.hello_name
+        if (self._hello is None and upstream.hello_name is None) or (
+            _hello_text(self._setup_hello()) == memo.hello
+        ):
             self._ready()
         else:  # the client uses another name: the MX hears it first
             self._state.move_link(Link.SETUP)
@@ -247,8 +259,14 @@ class BorrowedLease:
         state.move_link(Link.WANTED)
         self._out.add(act.Requeue(reason, capacity))
 
+    def _setup_hello(self) -> Command:
+        """What our own set-up says: the source address's name, else the client's."""
+        if self._source_hello is not None:
+            return _default_hello(self._source_hello)
+        return self._hello or _default_hello(self._host)
+
     def _send_hello(self) -> None:
-        hello = self._hello or _default_hello(self._host)
+        hello = self._setup_hello()
         self._link_hello = _hello_text(hello)
         self._out.client_line(hello.line, Direction.PROXY_TO_SERVER)
         self._out.add(act.SendToServer(hello.wire))
@@ -260,7 +278,7 @@ class BorrowedLease:
 
     def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
         greeting = self._greeting
-        command = slot.command if slot is not None else self._hello or _default_hello(self._host)
+        command = slot.command if slot is not None else self._setup_hello()
         if slot is not None:  # the client's own EHLO, relayed (first contact, or a new one)
             self._link_hello = _hello_text(command) if command is not None else None
         if client_reply.is_positive and greeting is not None and self._link_hello is not None:

@@ -34,7 +34,11 @@ class ServerConnected:
 
 @dataclass(frozen=True, slots=True)
 class ServerGranted:
-    """Late binding: a slot of the destination is ours; the shell is dialling."""
+    """Late binding: a slot of the destination is ours; the shell is dialling.
+    ``hello_name``: the EHLO name of the source address it dials from (its PTR name), said
+    in the set-up the relay makes itself; None: the client's own EHLO name."""
+
+    hello_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

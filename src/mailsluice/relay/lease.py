@@ -77,8 +77,9 @@ class Lease(Protocol):
     def after_reply(self) -> None:
         """A reply reached the client: the moment to hand an idle connection back."""
 
-    def granted(self) -> None:
-        """Late binding: a slot is ours, the shell dials."""
+    def granted(self, hello_name: str | None = None) -> None:
+        """Late binding: a slot is ours, the shell dials (from an address whose EHLO name
+        is ``hello_name``: what the lease's own set-up says; None: the client's)."""
 
     def reused(self, upstream: act.ReusedUpstream) -> None:
         """Late binding: an idle connection of the tenant is ours."""
@@ -196,7 +197,7 @@ class DedicatedLease:
     def after_reply(self) -> None:
         """The connection is the session's to the end."""
 
-    def granted(self) -> None:
+    def granted(self, hello_name: str | None = None) -> None:
         raise IllegalMove("a dedicated link is not granted")
 
     def reused(self, upstream: act.ReusedUpstream) -> None:

@@ -213,8 +213,8 @@ class Relay:
                 if state.awaiting:  # the greeting's budget no longer includes the connect
                     state.awaiting[0].timeout = None
                 self._out.note(f"connected to {self._client_desc[1]} from {source}")
-            case ev.ServerGranted():
-                self._lease.granted()
+            case ev.ServerGranted(hello_name):
+                self._lease.granted(hello_name)
             case ev.ServerReused(upstream):
                 self._lease.reused(upstream)
             case ev.ServerConnectFailed(reason):

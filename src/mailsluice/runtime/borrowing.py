@@ -40,7 +40,7 @@ class Borrowing:
     """One connection's share of a destination (see the module docstring)."""
 
     __slots__ = ("_dial", "_feed", "_feed_soon", "_is_open", "_mx", "_rules", "_ticket", "_tickets",
-                 "destination", "probe", "tenant")  # fmt: skip
+                 "destination", "hello_name", "probe", "tenant")  # fmt: skip
 
     def __init__(
         self,
@@ -66,6 +66,17 @@ class Borrowing:
         self._rules = deferral_rules
         self._ticket: int | None = None  # our place in line, while we wait
         self.probe: DialProbe | None = None  # a new connection's latencies
+        self.hello_name: str | None = None  # the EHLO name of the source address dialled from
+
+    def move(self, destination: Destination) -> None:
+        """The next transactions go to ``destination`` (the same MX from another source
+        address: ``runtime.sources``); only between transactions, when nothing is held."""
+        if destination is self.destination:
+            return
+        self.cancel()
+        probe, self.probe = self.probe, None
+        finish(self.destination, probe)
+        self.destination = destination
 
     # ------------------------------------------------------------ the relay's requests
     def ask(self) -> None:
@@ -130,7 +141,7 @@ class Borrowing:
             return
         self.probe = DialProbe(time.time())
         self._mx.hold = hold
-        self._feed(ev.ServerGranted())
+        self._feed(ev.ServerGranted(self.hello_name))
         self._dial()
 
     def _declined(self, text: str) -> None:

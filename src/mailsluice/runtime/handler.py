@@ -15,6 +15,12 @@ later byte is TLS, and the client's half-close still lets our replies out); the
 handshake has ``clienttls.HANDSHAKE_TIMEOUT``, nothing is written meanwhile, and the
 outcome goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
 
+The source address (``runtime.sources``): chosen when the client connects, by tenant and
+destination; under fair sharing chosen again at each transaction's ``AcquireServer``
+(with its sender), the session's address kept while it is still eligible, its
+``Borrowing`` moved to that (source, MX) destination. The MX's reputation deferrals and
+refusals, and the recipient domains of each transaction, go back to the selector.
+
 Backpressure: a side whose write buffer is full pauses reading on the other side; a
 client that sends more than the relay will hold is paused until the relay catches up.
 Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
@@ -35,6 +41,7 @@ from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
+from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
 from mailsluice.runtime.borrowing import Borrowing
 from mailsluice.runtime.clienttls import HANDSHAKE_TIMEOUT
@@ -78,8 +85,8 @@ class ConnectionHandler:
     __slots__ = (
         "_client", "_client_eof", "_client_paused", "_client_tls", "_data_block", "_deadline",
         "_early", "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog",
-        "_min_rate", "_server_blocked", "_services", "_timeout", "_timer", "_timer_on_server",
-        "_write_deadline", "mx", "relay",
+        "_min_rate", "_peer", "_server_blocked", "_services", "_sourced", "_timeout", "_timer",
+        "_timer_on_server", "_write_deadline", "mx", "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
@@ -104,6 +111,8 @@ class ConnectionHandler:
         self._jobs = Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
         self._fair: Borrowing | None = None  # fair sharing: its place in the line
+        self._peer = ""  # the client's address
+        self._sourced = services.sources.configured  # source pools: what sessions see matters
         self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
@@ -128,13 +137,19 @@ class ConnectionHandler:
         self.mx = MxLeg(services, destination, feed=self._feed, protocol=self._mx_side)
         dest = format_address(destination)
         mx_ip = plain_host(destination[0])
+        self._peer = client_ip = plain_host(peer[0])
+        tenant = services.tenant_of(peer[0])
+        if self._sourced and refusal is None:
+            self.mx.source = services.sources.choose(
+                tenant=tenant, client_ip=client_ip, mx_ip=mx_ip, now=now
+            )
         fair = services.destinations
         cached = None
         if fair is not None and refusal is None:
-            key = (settings.outbound_ip or "", plain_host(destination[0]), destination[1])
+            key = (self.mx.source_ip or "", mx_ip, destination[1])
             self._fair = Borrowing(
                 fair.get(key),
-                services.tenant_of(peer[0]),
+                tenant,
                 tickets=fair,
                 mx=self.mx,
                 feed=self._feed,
@@ -144,13 +159,14 @@ class ConnectionHandler:
                 deferral_rules=settings.fair.deferral_rules,
             )
             cached = self._fair.destination.memo
+            self._fair.hello_name = self.mx.source.ehlo if self.mx.source is not None else None
         reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
         self.relay = Relay(
             config=services.relay_config,
             session_id=services.new_session_id(),
             client=format_address(peer),
             destination=dest,
-            source_ip=settings.outbound_ip,
+            source_ip=self.mx.source_ip,
             tls_allowed=services.tls_allowed(dest, now) and services.mx_tls.allowed(mx_ip),
             tls_required=refusal is None and services.mx_tls.required(mx_ip),
             refusal=refusal,
@@ -322,6 +338,8 @@ class ConnectionHandler:
                 self._services.submit_record(record)
                 if self._fair is not None:
                     self._fair.observe(record)
+                if self._sourced and isinstance(record, TransactionEnded):
+                    self._transaction_seen(record)
             elif isinstance(action, act.SetTimer):
                 self._timer_on_server = action.on_server
                 self._arm(action.seconds)
@@ -374,8 +392,10 @@ class ConnectionHandler:
                     self.mx.release(state)
                 else:
                     self._fair.release(state)
-            case act.AcquireServer():
+            case act.AcquireServer(sender, recipient):
                 assert self._fair is not None, "only a borrowing relay asks for a slot"
+                if self._sourced:
+                    self._choose_source(self._fair, sender, recipient)
                 self._fair.ask()
             case act.CancelAcquire():
                 if self._fair is not None:
@@ -389,12 +409,48 @@ class ConnectionHandler:
             case act.MxDeferred(code, text):
                 if self._fair is not None:
                     self._fair.deferred(code, text)
+                if self._sourced:
+                    self._reputation(code, text)
             case act.TlsBroken():
                 self._services.tls_failed(format_address(self.destination), time.time())
             case act.CheckTlsPolicy(domain):
                 self._jobs.add(partial(self._check_tls_policy, domain))
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    # ------------------------------------------------------------ source addresses
+    def _choose_source(self, fair: Borrowing, sender: str, recipient: str) -> None:
+        """A transaction asks for a connection: its source address, chosen again now that
+        its sender is known (the session's kept while eligible); its (source, MX) is the
+        destination whose fair share it waits in."""
+        services, mx = self._services, self.mx
+        current = mx.source_ip
+        host, port = self.destination
+        mx_ip = plain_host(host)
+        source = services.sources.choose(
+            tenant=fair.tenant, client_ip=self._peer, mx_ip=mx_ip, now=time.time(),
+            sender=sender or None, recipient=recipient or None, current=current,
+        )  # fmt: skip
+        mx.source = source
+        fair.hello_name = source.ehlo if source is not None else None
+        new_ip = source.address if source is not None else None
+        destinations = services.destinations
+        if new_ip != current and destinations is not None:
+            fair.move(destinations.get((new_ip or "", mx_ip, port)))
+
+    def _reputation(self, code: int, text: str) -> None:
+        """An MX's 4xx or 5xx: a reputation one takes the source out at this MX a while."""
+        self._services.sources.deferred(
+            self.mx.source_ip, plain_host(self.destination[0]), code, text,
+            self._services.settings.fair.deferral_rules, time.time(),
+        )  # fmt: skip
+
+    def _transaction_seen(self, record: TransactionEnded) -> None:
+        """Its recipients' domains bind to the MX; a 5xx of reputation to the source."""
+        self._services.sources.seen(plain_host(self.destination[0]), record.rcpt_to)
+        code, text = record.reply_code, record.reply_text
+        if code is not None and code >= 500 and text:
+            self._reputation(code, text)
 
     async def _check_tls_policy(self, domain: str) -> None:
         self._feed(await self.mx.check_policy(domain))
@@ -493,7 +549,7 @@ class ConnectionHandler:
             client_port=peer[1] if peer else 0,
             destination=format_address(self.destination),
             helo=run.helo,
-            source_ip=self._services.settings.outbound_ip,
+            source_ip=self.mx.source_ip,
         )
         decided = await self._driver().decide(run, client)
         if decided is not None:

@@ -4,10 +4,11 @@
 handler owns it in turn and hears from it through ``feed`` (a relay event) and the
 transport's protocol (``sides.Side``, made by ``protocol``):
 
-* ``connect`` dials (``dialer.dial``: bound to the outbound address, within the connect
-  timeout) and registers the address pair the moment ``connect()`` has chosen the
-  source port, before this loop can accept anything: a redirect of our own connection
-  back to us is then refused as a loop, deterministically (``admission``);
+* ``connect`` dials (``dialer.dial``: bound to ``source``, the outbound address chosen
+  for the connection (``runtime.sources``), within the connect timeout) and registers
+  the address pair the moment ``connect()`` has chosen the source port, before this
+  loop can accept anything: a redirect of our own connection back to us is then
+  refused as a loop, deterministically (``admission``);
 * ``start_tls_by_policy`` runs it with what the MX leg's TLS policy knows of the
   address (SNI, profile); ``check_policy`` answers the relay's per-domain TLS policy
   check on this connection's facts (``tlsgate``);
@@ -30,6 +31,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from mailsluice.policy.sources import SourceAddress
 from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
@@ -79,8 +81,8 @@ class MxLeg:
     """The MX side of one connection."""
 
     __slots__ = ("_feed", "_key", "_opened_at", "_outbound", "_protocol", "_services",
-                 "_sessions", "_source", "_unsettled", "destination", "hold", "tls_facts",
-                 "transport")  # fmt: skip
+                 "_sessions", "_source", "_unsettled", "destination", "hold", "source",
+                 "tls_facts", "transport")  # fmt: skip
 
     def __init__(
         self,
@@ -92,6 +94,10 @@ class MxLeg:
     ) -> None:
         self._services = services
         self.destination = destination
+        outbound_ip = services.settings.outbound_ip
+        # the address it dials from (None: the kernel's choice); the handler may choose
+        # another one (``runtime.sources``) before a dial
+        self.source = SourceAddress(outbound_ip) if outbound_ip else None
         self._feed = feed  # hands the relay an event
         self._protocol = protocol  # the transport's protocol (callbacks to the handler)
         self.transport: asyncio.Transport | None = None
@@ -104,6 +110,11 @@ class MxLeg:
         self.tls_facts = PLAINTEXT  # what the connection is (TLS: the chain presented)
         # a session to remember at the MX's first reply over TLS (``tls_settled``)
         self._unsettled: tuple[ResumeKey, Remembered | None, Verdict] | None = None
+
+    @property
+    def source_ip(self) -> str | None:
+        source = self.source
+        return source.address if source is not None else None
 
     # ------------------------------------------------------------ dial and TLS
     async def connect(self, still_wanted: Callable[[], bool]) -> None:
@@ -121,7 +132,7 @@ class MxLeg:
             transport = await dial(
                 host,
                 port,
-                source_ip=settings.outbound_ip,
+                source_ip=self.source_ip,
                 timeout=settings.relay.timeouts.connect,
                 protocol_factory=lambda: early,
                 register=self._register,
@@ -165,7 +176,7 @@ class MxLeg:
             return ev.TlsPolicyChecked(domain, True, None, f"{domain}: no policy")
         server = self.transport
         local = server.get_extra_info("sockname") if server is not None else None
-        sending = local[0] if local else (services.settings.outbound_ip or "")
+        sending = local[0] if local else (self.source_ip or "")
         return await gate.check(domain, plain_host(self.destination[0]), self.tls_facts,
                                 sending_ip=str(sending), now=time.time())  # fmt: skip
 
@@ -286,7 +297,8 @@ class MxLeg:
         self._outbound, self._source = entry.outbound, entry.source
         self._opened_at, self._sessions = entry.opened_at, entry.transactions
         self.tls_facts = entry.tls_facts
-        return act.ReusedUpstream(entry.state, entry.source, entry.transactions)
+        hello_name = self.source.ehlo if self.source is not None else None
+        return act.ReusedUpstream(entry.state, entry.source, entry.transactions, hello_name)
 
     def idle_entry(self, state: act.UpstreamState) -> Idle | None:
         """The connection, handed back after its transaction (the relay released it)."""
@@ -314,7 +326,7 @@ class MxLeg:
         if pool is None:
             return None
         host, port = self.destination
-        key = self._key = (client_ip, host, port, self._services.settings.outbound_ip)
+        key = self._key = (client_ip, host, port, self.source_ip)
         entry = pool.take(key)
         if entry is None:
             return None

@@ -35,7 +35,7 @@ from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
-from mailsluice.runtime import clienttls, startup
+from mailsluice.runtime import clienttls, sdnotify, startup
 from mailsluice.runtime.admin import multiproc
 from mailsluice.runtime.admin.host import (
     SupervisorMetrics,
@@ -165,6 +165,7 @@ class Proxy:
         self._listeners: list[Listener] = []
         self._group: asyncio.TaskGroup | None = None
         self._resolving: asyncio.Task[None] | None = None  # the host rules' names
+        self._source_names: asyncio.Task[None] | None = None  # the source rules' MX names
 
     @property
     def port(self) -> int:
@@ -227,6 +228,8 @@ class Proxy:
         if destinations is not None and destinations.names.needed and not self.settings.shared_fair:
             # (with several workers the broker resolves them, where the scheduler is)
             self._resolving = self._group.create_task(destinations.names.run())
+        if self.services.sources.names.needed:  # the mx_host names of [[source_rules]]
+            self._source_names = self._group.create_task(self.services.sources.names.run())
         if self._tls_results is not None:
             self._reporting = self._group.create_task(self._tls_results.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
@@ -268,6 +271,9 @@ class Proxy:
         if self._resolving is not None:
             self._resolving.cancel()
             self._resolving = None
+        if self._source_names is not None:
+            self._source_names.cancel()
+            self._source_names = None
         if self._state is not None:
             self._state.stop()
             self._state = None
@@ -329,8 +335,11 @@ async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> in
         # after the log writer's process is started, so that it inherits SIGHUP ignored
         loop.add_signal_handler(signal.SIGHUP, log_hangup)
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
+        sdnotify.notify("READY=1", f"STATUS=listening on {proxy.listening_on}")  # Type=notify
         await stop.wait()
-        log.info("shutting down: %d connections open", len(proxy.services.connections))
+        open_now = len(proxy.services.connections)
+        sdnotify.notify("STOPPING=1", f"STATUS=stopping: {open_now} connections draining")
+        log.info("shutting down: %d connections open", open_now)
         await proxy.shutdown()
     return RESTART if broker_lost else 0
 

@@ -31,6 +31,7 @@ from mailsluice.relay.records import Record
 from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
+from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsresume import Resumption
@@ -70,6 +71,7 @@ class ConnectionServices(Protocol):
     mx_tls: MxTls  # the MX leg's TLS policy: allowed, required, SNI, the per-domain check
     resumption: Resumption | None  # TLS sessions kept for the next handshake (None: off)
     client_tls_context: ssl.SSLContext | None  # the client leg's STARTTLS (None: not offered)
+    sources: SourceSelector  # which outbound address a connection leaves from
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -142,6 +144,7 @@ class Services:
                 destinations=fair.destinations, remembered=remembered,
             )  # fmt: skip
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
+        self.sources = SourceSelector(settings.sources, settings.outbound_ip)
         self.tls_context = client_context()
         self.chain_verifier = ChainVerifier()
         self.resumption = Resumption() if settings.tls.resumption else None

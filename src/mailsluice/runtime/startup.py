@@ -59,7 +59,24 @@ def check(settings: Settings, resolve: Resolver = socket.getaddrinfo) -> list[st
         _check_bindable(source, family)
         if settings.upstream is None:
             warnings += _family_warnings(settings, source, family)
+    _check_sources(settings)
     return warnings
+
+
+def _check_sources(settings: Settings) -> None:
+    """Every ``[[source_addresses]]`` address can be bound; a sender rule needs fair
+    sharing (``--no-fair-sharing`` may have turned it off after the file was read)."""
+    sources = settings.sources
+    if sources.by_sender and not settings.fair.enabled:
+        raise ConfigError(
+            "source_rules: a rule by sender_domain needs fair sharing (the sender is known "
+            "only at MAIL; without it the MX connection is made when the client connects): "
+            "drop --no-fair-sharing, or choose by tenant, client or destination"
+        )
+    for address in sources.addresses():
+        source = ipaddress.ip_address(address)
+        family = socket.AF_INET6 if source.version == 6 else socket.AF_INET
+        _check_bindable(source, family, key="source_addresses")
 
 
 def _name(family: int) -> str:
@@ -94,7 +111,11 @@ def _upstream_families(upstream: HostPort, resolve: Resolver) -> tuple[set[int],
     return {int(info[0]) for info in infos}, None
 
 
-def _check_bindable(source: ipaddress.IPv4Address | ipaddress.IPv6Address, family: int) -> None:
+def _check_bindable(
+    source: ipaddress.IPv4Address | ipaddress.IPv6Address,
+    family: int,
+    key: str = "outbound_ip (--outbound-ip)",
+) -> None:
     """Bind a socket to ``source`` as the dialler will: fails when no interface has it."""
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
@@ -102,11 +123,11 @@ def _check_bindable(source: ipaddress.IPv4Address | ipaddress.IPv6Address, famil
         except OSError as exc:
             if exc.errno != errno.EADDRNOTAVAIL:
                 raise ConfigError(
-                    f"outbound_ip (--outbound-ip): cannot use {source} as the source "
+                    f"{key}: cannot use {source} as the source "
                     f"address ({exc.strerror}); leave the setting out, or choose another"
                 ) from None
             raise ConfigError(
-                f"outbound_ip (--outbound-ip): {source} is not an address of this host (no "
+                f"{key}: {source} is not an address of this host (no "
                 "interface has it), so every connection to an MX would fail with 421 4.4.1. "
                 f"Use one of its {_name(family)} addresses ({_own(family)}), add it to an "
                 "interface (ip address add ...), or leave the setting out (the kernel then "

@@ -6,7 +6,8 @@ kernel spreads new connections over them) with its own log writer thread writing
 same SQLite file (WAL, one short transaction per batch). The parent only supervises: it
 forwards SIGTERM/SIGINT, so every worker shuts down gracefully, and it restarts a worker
 that dies unexpectedly (at most once a second). With fair sharing across workers it
-first starts the broker (``broker``), restarted like a worker.
+first starts the broker (``broker``), restarted like a worker. Under systemd
+(``Type=notify``) it sends ``READY=1`` only once every worker serves (``sdnotify``).
 
 SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) stops nothing: reloading is
 not supported yet, so the supervisor and every worker ignore it and log that they did
@@ -28,6 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+from mailsluice.runtime.sdnotify import WorkersReadiness
 
 log = logging.getLogger("mailsluice.workers")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -117,6 +120,8 @@ def supervise(
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
+        if readiness is not None and not stopping:
+            readiness.tell("STOPPING=1", "STATUS=stopping: the workers drain their sessions")
         stopping = True
         for pid in list(children):
             try:
@@ -124,6 +129,7 @@ def supervise(
             except ProcessLookupError:
                 pass
 
+    readiness = WorkersReadiness.open()  # READY=1 to systemd once every worker said it
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, log_hangup)
     status_code = 0
@@ -134,7 +140,10 @@ def supervise(
             spawn(number)
         while children:
             try:
-                pid, status = os.wait()
+                if readiness is None:
+                    pid, status = os.wait()
+                else:
+                    pid, status = readiness.wait([p for p, n in children.items() if n >= 0])
             except ChildProcessError:
                 break
             if pid not in children:
@@ -160,4 +169,6 @@ def supervise(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if readiness is not None:
+            readiness.close()
     return status_code

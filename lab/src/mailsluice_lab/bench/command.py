@@ -16,9 +16,12 @@ BENCHMARKS = {
     "fairness": "fairness under a per-client connection limit (namespaces, root)",
     "unequal": "one heavy tenant and light ones at a connection limit (namespaces, root)",
     "suite": "congestion, resources and fairness, one README",
+    "xverp": "a mailing list: XVERP vs personalised copies through mailsluice and Postfix",
     "relay-core": "CPU of the pure relay per session (no I/O)",
     "log-writer": "records per second through the session log's writer",
     "filter-memory": "the proxy's memory with concurrent large messages through a filter",
+    "load": "JMeter-like SMTP load generator against any server (--target HOST:PORT)",
+    "knee": "bench load's open model at rising rates: mailsluice, Postfix, direct (saturation)",
 }
 
 
@@ -62,6 +65,10 @@ def main(argv: list[str]) -> int:
         from mailsluice_lab.bench.scenarios import suite
 
         return suite.main(rest)
+    if name == "xverp":
+        from mailsluice_lab.bench import xverp
+
+        return xverp.main(rest)
     if name == "relay-core":
         from mailsluice_lab.bench import relay_core
 
@@ -74,5 +81,13 @@ def main(argv: list[str]) -> int:
         from mailsluice_lab.bench import filter_memory
 
         return filter_memory.main(rest)
+    if name == "load":
+        from mailsluice_lab.bench.load import command as load_command
+
+        return load_command.main(rest)
+    if name == "knee":
+        from mailsluice_lab.bench.load import knee
+
+        return knee.main(rest)
     print(f"mailsluice bench: unknown benchmark {name!r}\n{usage()}", file=sys.stderr)
     return 2
