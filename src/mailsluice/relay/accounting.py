@@ -34,6 +34,21 @@ class Transaction:
     params: tuple[str, ...] = ()  # ESMTP parameters of MAIL FROM, as sent
 
 
+@dataclass(frozen=True, slots=True)
+class LiveView:
+    """One session as the operator sees it while it runs (the admin API)."""
+
+    session_id: str
+    client: str
+    destination: str
+    source_ip: str | None
+    opened_at: float
+    phase: str  # greeting, hello, idle, envelope, waiting, data, closed
+    messages: int  # transactions the MX accepted
+    relayed_bytes: int  # their bytes, and the current message's so far
+    mail_from: str | None  # the current transaction's sender
+
+
 class Account:
     """Everything the session log needs to know about one session."""
 

@@ -43,6 +43,7 @@ from mailsluice.runtime.admin.host import (
     host_admin,
     read_token,
     run_admin_process,
+    suspensions_of,
 )
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
@@ -160,6 +161,8 @@ class Proxy:
         self.services = _services(
             settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics
         )
+        self.services.use_suspensions(suspensions_of(settings))  # the operator's (admin API)
+        self._draining: asyncio.Task[None] | None = None
         self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
@@ -217,7 +220,7 @@ class Proxy:
         self.services.admission.own_addresses = self.addresses
         if self.admin is not None:
             try:
-                await self.admin.start(self.services, self._group, self._ready)
+                await self.admin.start(self.services, self._group, self._ready, self.drain)
             except OSError:
                 await self._abandon()
                 raise
@@ -234,6 +237,14 @@ class Proxy:
             self._reporting = self._group.create_task(self._tls_results.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
+
+    def drain(self) -> str:
+        """Stop accepting and let the sessions finish (``POST /api/drain``): the
+        shutdown's first part, without exiting (readiness turns 503; SIGTERM then exits)."""
+        if self._draining is None and self.services.admission.accepting and self._group:
+            self._draining = self._group.create_task(self.shutdown())
+        open_now = len(self.services.connections)
+        return f"not accepting; {open_now} sessions finishing (shutdown_grace)"
 
     def _ready(self) -> bool:
         return self.services.admission.accepting and bool(self._listeners)
@@ -392,7 +403,9 @@ def _supervise(settings: Settings, state: Path | None, metrics: Path | None) -> 
             state, settings.shutdown_grace, admin,
         )  # fmt: skip
 
-    settings = replace(settings, state_file=None, shared_fair=True)
+    # (state_file kept: the workers find the suspensions and the TLS caches beside it;
+    # they never write the state itself, ``shared_fair``)
+    settings = replace(settings, shared_fair=True)
     return supervise(
         settings.workers, lambda number: _run_one(settings, (address, number)), broker, on_exit
     )
