@@ -83,8 +83,9 @@ function drawChart() {
     points.push({ t: b.t, rate: Math.max(0, (b.delivered - a.delivered) / dt), defer: Math.max(0, (b.deferred - a.deferred) / dt) });
   }
   const now = history.length ? history[history.length - 1].t : 0;
+  const span = history.length ? Math.min(HISTORY, Math.max(60, now - history[0].t)) : HISTORY;
   const top = Math.max(1, ...points.map(p => Math.max(p.rate, p.defer)));
-  const x = t => pad + (width - 2 * pad) * (1 - (now - t) / HISTORY);
+  const x = t => pad + (width - 2 * pad) * (1 - (now - t) / span);
   const y = v => height - pad - (height - 2 * pad) * (v / top);
   const children = [];
   const axis = document.createElementNS("http://www.w3.org/2000/svg", "line");
@@ -96,6 +97,10 @@ function drawChart() {
   label.setAttribute("x", 2); label.setAttribute("y", pad - 6);
   label.textContent = top.toFixed(1) + " /s";
   children.push(label);
+  const since = document.createElementNS("http://www.w3.org/2000/svg", "text");
+  since.setAttribute("x", pad); since.setAttribute("y", height - 6);
+  since.textContent = "-" + Math.round(span) + " s";
+  children.push(since);
   for (const [field, colour, cls] of [["rate", "#3a6df0", "series-throughput"], ["defer", "#e0771b", "series-deferrals"]]) {
     const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
     line.setAttribute("fill", "none");
