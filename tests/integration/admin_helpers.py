@@ -29,7 +29,8 @@ def admin_settings(tmp_path: Path) -> dict[str, Any]:
 
 
 def admin_port(proxy: Proxy) -> int:
-    assert proxy.admin is not None and proxy.admin.server is not None
+    assert proxy.admin is not None
+    assert proxy.admin.server is not None
     return proxy.admin.server.port
 
 

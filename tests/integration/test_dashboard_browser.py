@@ -136,8 +136,16 @@ async def test_the_dashboard_shows_live_traffic(
         assert "3 / " in dest_row.text
         await _until(lambda: text("delivered") == "6")
         # the chart: a throughput line with points
-        await _until(lambda: int(browser.find_element(
-            By.CSS_SELECTOR, "polyline.series-throughput").get_attribute("data-points")) >= 2)
+        await _until(
+            lambda: (
+                int(
+                    browser.find_element(
+                        By.CSS_SELECTOR, "polyline.series-throughput"
+                    ).get_attribute("data-points")
+                )
+                >= 2
+            )
+        )
         points = browser.find_element(By.CSS_SELECTOR, "polyline.series-throughput")
         assert len(points.get_attribute("points").split()) >= 2
 
@@ -153,7 +161,9 @@ async def test_the_dashboard_shows_live_traffic(
         browser.find_element(By.ID, "suspend-name").send_keys("news")
         browser.find_element(By.ID, "suspend-reason").send_keys("flood")
         browser.find_element(By.ID, "suspend-button").click()
-        await _until(lambda: "tenant news" in text("suspensions") and "flood" in text("suspensions"))
+        await _until(
+            lambda: "tenant news" in text("suspensions") and "flood" in text("suspensions")
+        )
         await _until(lambda: "suspended until" in browser.find_element(
             By.CSS_SELECTOR, 'tr.tenant-row[data-tenant="news"]').text)  # fmt: skip
         assert text("suspension-count") == "1"

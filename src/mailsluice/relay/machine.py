@@ -82,8 +82,8 @@ _HANDSHAKE = ClientTls.HANDSHAKE  # the client's TLS handshake (a global: the ho
 class Relay:
     """The state machine of one relayed session; see the module docstring."""
 
-    __slots__ = ("_cfg", "_client_desc", "_client_lines", "_client_tls", "_data", "_host", "_intake",
-                 "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
+    __slots__ = ("_cfg", "_client_desc", "_client_lines", "_client_tls", "_data", "_host",
+                 "_intake", "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
                  "_server_lines",
                  "_state", "_timer", "_upgrade", "_verp")  # fmt: skip
 
