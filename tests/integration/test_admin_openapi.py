@@ -55,7 +55,8 @@ async def test_the_routes_and_the_answers_match_the_spec(
         ScriptedMX() as mx,
         proxy_factory((mx.host, mx.port), settings=settings, fair=fair(tenants=(SHOP,))) as proxy,
     ):
-        assert proxy.admin is not None and proxy.admin.server is not None
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
         routed = set(proxy.admin.server.router.routes())
         documented = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
         assert routed == documented
