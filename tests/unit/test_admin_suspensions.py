@@ -155,8 +155,10 @@ def test_path_patterns_and_public_routes() -> None:
 def test_only_session_ids_pass(text: str) -> None:
     if valid_session_id(text):
         head, _, tail = text.partition("-")
-        assert head and set(head) <= set("0123456789abcdef")
-        assert tail.isdigit() and tail.isascii()
+        assert head
+        assert set(head) <= set("0123456789abcdef")
+        assert tail.isdigit()
+        assert tail.isascii()
 
 
 # ------------------------------------------------------------------ ctl / top
