@@ -172,15 +172,19 @@ def test_durations(text: str, seconds: int) -> None:
 
 @pytest.mark.parametrize("text", ["", "soon", "0", "0m", "30x", "m"])
 def test_a_bad_duration_says_what_is_wanted(text: str) -> None:
-    with pytest.raises(CtlError, match="a duration such as 90s|more than 0"):
+    with pytest.raises(CtlError, match=r"a duration such as 90s|more than 0"):
         parse_duration(text)
 
 
 def test_a_frame_of_top() -> None:
-    overview = {"now": 1_700_000_010.0, "workers": 2, "fair_sharing": True, "uptime_s": 60,
-                "delivered": 30, "deferred": 1, "mx_deferrals": {"rate": 2}, "suspensions": 1}  # fmt: skip
-    sessions = [{"id": "ab-000001", "client": "10.0.0.2:4000", "tenant": "shop",
-                 "destination": "192.0.2.7:25", "phase": "data", "age_s": 3.4, "bytes": 55}]  # fmt: skip
+    overview = {
+        "now": 1_700_000_010.0, "workers": 2, "fair_sharing": True, "uptime_s": 60,
+        "delivered": 30, "deferred": 1, "mx_deferrals": {"rate": 2}, "suspensions": 1,
+    }  # fmt: skip
+    sessions = [{
+        "id": "ab-000001", "client": "10.0.0.2:4000", "tenant": "shop",
+        "destination": "192.0.2.7:25", "phase": "data", "age_s": 3.4, "bytes": 55,
+    }]  # fmt: skip
     destinations = [{"destination": "192.0.2.7:25", "in_use": 1, "limit": 5, "learned": True,
                      "waiting": 2, "deferrals_15m": {"rate": 2}}]  # fmt: skip
     tenants = [{"tenant": "shop", "weight": 2.0, "sessions": 1, "busy": 1, "waiting": 2,
