@@ -349,8 +349,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     )
     from mailsluice.runtime.server import run
 
+    def reload_source() -> Settings:  # SIGHUP: the file again, then the same flags
+        again = settings_from_args(args)
+        return again if again.log is not None else replace(again, log=log_url)
+
     try:
-        return run(settings)
+        return run(settings, reload_source if getattr(args, "config", None) else None)
     except OSError as exc:
         print(f"mailsluice: {exc.strerror or exc}", file=sys.stderr)
         return 1

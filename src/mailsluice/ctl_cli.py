@@ -239,9 +239,10 @@ def _ctl(args: argparse.Namespace, admin: Admin, out: TextIO) -> int:
         said = admin.call("POST", "/api/drain")
         out.write(f"draining: {said['draining']}\n")
         return 0
-    if action == "reload":
+    if action == "reload":  # refused: 422, a CtlError naming the key
         said = admin.call("POST", "/api/reload")
-        out.write(json.dumps(said) + "\n")
+        text = said.get("said") or said.get("requested") or ""
+        out.write(json.dumps(said) + "\n" if args.json else f"{text}\n")
         return 0
     raise CtlError(f"unknown action {action}")
 

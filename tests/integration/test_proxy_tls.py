@@ -79,6 +79,7 @@ async def test_client_sees_the_post_tls_capabilities(
         "SIZE 5000000",
         "8BITMIME",
         "ENHANCEDSTATUSCODES",
+        "XVERP",  # the proxy's own
     )
     assert replies[-1].code == 250
     record = mx.sessions[0]
@@ -98,7 +99,7 @@ async def test_starttls_refused_goes_plaintext(proxy_factory, tmp_path) -> None:
     ):
         ehlo = await greet(client)
         replies = await client.send_message("s@c.test", ["r@mx.test"], make_message(token))
-    assert ehlo.lines == ("mx.test", "PIPELINING", "SIZE 1000000", "8BITMIME")
+    assert ehlo.lines == ("mx.test", "PIPELINING", "SIZE 1000000", "8BITMIME", "XVERP")
     assert replies[-1].code == 250
     assert mx.sessions[0].verbs == ["EHLO", "STARTTLS", "MAIL", "RCPT", "DATA"]
     [stored] = mx.ledger.messages
@@ -188,7 +189,7 @@ async def test_post_tls_ehlo_reply_split_byte_by_byte(
         done = await client.read_reply()
     assert ehlo.raw == (
         b"250-mx.test\r\n250-PIPELINING\r\n250-SIZE 5000000\r\n250-8BITMIME\r\n"
-        b"250 ENHANCEDSTATUSCODES\r\n"
+        b"250-ENHANCEDSTATUSCODES\r\n250 XVERP\r\n"
     )
     assert [r.raw for r in replies] == [
         b"250 2.1.0 Ok\r\n",

@@ -1,7 +1,8 @@
 """Signals a real ``mailsluice serve`` gets from the system (issue 12, defect 3).
 
 SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) must not stop the proxy:
-reloading is not supported yet, so every process ignores it and says so once in its log.
+without a configuration file there is nothing to reload, so every process ignores it and
+says so in its log (with one, it reloads: ``test_serve_reload``).
 The signal goes to the whole process group (supervisor, workers, log writer processes),
 as a terminal hang-up sends it; the proxy then still relays a message, logs it, and
 stops cleanly on SIGTERM.
@@ -104,7 +105,7 @@ async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
                 proc.send_signal(signal.SIGTERM)
             output = (await asyncio.to_thread(proc.communicate, None, 30))[0].decode()
         assert proc.returncode == 0, output
-        assert "SIGHUP ignored: reloading the configuration is not supported yet" in output
+        assert "SIGHUP ignored: no configuration file to read again" in output
     sessions = list_sessions(f"sqlite:{log}", 0)
     assert sorted(s["mail_from"] for s in sessions if s["messages"] == 1) == [
         "s1@example.net",

@@ -52,7 +52,7 @@ def test_verbose_flag_reaches_the_settings() -> None:
 def test_ctrl_c_while_serving_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     import mailsluice.runtime.server as server
 
-    def interrupted(settings: object) -> int:
+    def interrupted(settings: object, source: object = None) -> int:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(server, "run", interrupted)

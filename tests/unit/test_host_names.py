@@ -74,3 +74,20 @@ def test_no_host_rule_needs_no_resolving() -> None:
     assert not names.needed
     names.want("192.0.2.1")
     assert names.names_of("192.0.2.1") == frozenset()
+
+
+async def test_a_reload_resolves_new_names_and_forgets_those_no_rule_names() -> None:
+    names = HostNames([], forward=_forward, reverse=_reverse)
+    changes: list[int] = []
+    names.changed = lambda: changes.append(1)
+    assert not names.needed
+    names.reconfigure([DestinationRule(host="mx1.example.net", max_connections=3)])
+    assert names.needed
+    await _settled(names)
+    assert names.names_of("192.0.2.1") == {"mx1.example.net"}
+    changes.clear()
+    names.reconfigure([DestinationRule(host="mx9.mail.example.org", max_connections=1)])
+    assert names.names_of("192.0.2.1") == frozenset()  # no rule names it any more
+    assert changes  # the scheduler checks its rules again
+    await _settled(names)
+    assert names.names_of("192.0.2.9") == {"mx9.mail.example.org"}

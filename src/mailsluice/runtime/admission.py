@@ -75,6 +75,13 @@ class Admission:
             return access.loop_refusal(host)
         return self.limits.acquire(client_ip, host)
 
+    def reconfigure(self, *, hostname: str, allowed: Sequence[Network]) -> None:
+        """A reload: the new allow list decides for the next connections (the verdicts
+        remembered are forgotten); the counts and the loop checks stay."""
+        self._host = hostname
+        self._allowed = tuple(allowed)
+        self._verdicts = {}
+
     def release(self, slot: str) -> None:
         self.limits.release(slot)
 

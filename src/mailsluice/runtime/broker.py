@@ -35,6 +35,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.names import HostNames
@@ -213,6 +214,7 @@ async def _serve_broker(
     weight: Callable[[str], float],
     state: Path | None,
     grace: float,
+    reread: Callable[[], FairSettings] | None = None,
     admin: AdminHere | None = None,
 ) -> None:
     broker = Broker(
@@ -234,6 +236,15 @@ async def _serve_broker(
         loop.add_signal_handler(signum, stop.set)
     async with server, asyncio.TaskGroup() as group:
         resolving = group.create_task(broker.names.run()) if broker.names.needed else None
+
+        def reload() -> None:
+            nonlocal resolving
+            reloaded = reread is not None and _reconfigure(broker, reread)
+            if reloaded and resolving is None and broker.names.needed:  # host rules, new
+                resolving = group.create_task(broker.names.run())
+
+        if reread is not None:
+            loop.add_signal_handler(signal.SIGHUP, reload)
         await stop.wait()
         # the workers got the same signal and finish their sessions, which may still
         # need connections: the broker serves until the last has gone (or grace is over)
@@ -250,6 +261,28 @@ async def _serve_broker(
     await extras.aclose()
 
 
+def _reconfigure(broker: Broker, reread: Callable[[], FairSettings]) -> bool:
+    """SIGHUP (forwarded by the supervisor, which checked the file): the fair-sharing
+    rules read again and applied in place (``LocalScheduler.reconfigure``); whether they
+    were. Turning fair sharing off or on waits for a restart, as in the workers."""
+    try:
+        fair = reread()
+    except Exception as exc:  # (changed since the supervisor's check): the rules stay
+        log.error("broker: reload refused, the running rules stay: %s", exc)
+        return False
+    if not fair.enabled:
+        return False
+    weights = fair.weights()
+    broker.names.reconfigure(fair.destinations)
+    broker.scheduler.reconfigure(
+        rules=fair.limits, weight=lambda tenant: weights.get(tenant, 1.0),
+        destinations=fair.destinations,
+    )  # fmt: skip
+    log.info("broker (pid %d): fair-sharing rules reloaded (%d destination rules, %d "
+             "tenant groups)", os.getpid(), len(fair.destinations), len(fair.tenants))  # fmt: skip
+    return True
+
+
 def run_broker(
     address: str,
     rules: LimitRules,
@@ -257,12 +290,14 @@ def run_broker(
     weight: Callable[[str], float],
     state: Path | None,
     grace: float,
+    reread: Callable[[], FairSettings] | None = None,
     admin: AdminHere | None = None,
 ) -> int:
     """The broker process's main (started by the supervisor before the workers); after
     SIGTERM it serves until the workers have gone, ``grace`` seconds (+10) at most.
+    SIGHUP: ``reread`` gives the fair-sharing settings again (None: ignored).
     ``admin``: the admin server to run beside the scheduler (``runtime.admin.host``)."""
-    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace, admin))
+    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace, reread, admin))
     return 0
 
 

@@ -369,6 +369,27 @@ class Destinations:
         self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
 
+    def reconfigure(
+        self,
+        *,
+        rules: LimitRules,
+        weight: Callable[[str], float],
+        idle_timeout: float,
+        max_age: float,
+        max_transactions: int,
+        destinations: tuple[DestinationRule, ...],
+    ) -> None:
+        """A reload: the new rules apply in place (``LocalScheduler.reconfigure``); the
+        connections, idle or busy, and their counts stay as they are. With several
+        workers the scheduler is the broker's and keeps the rules it started with."""
+        self.idle_timeout, self.max_age = idle_timeout, max_age
+        self.max_transactions = max_transactions
+        self.domain_rules = tuple(r for r in destinations if r.domain is not None)
+        local = self.local
+        if local is not None:
+            self.names.reconfigure(destinations)
+            local.reconfigure(rules=rules, weight=weight, destinations=destinations)
+
     def attach(self, scheduler: Scheduler, worker: int) -> None:
         """Use the host's scheduler (several workers) instead of this process's own."""
         self.scheduler = scheduler

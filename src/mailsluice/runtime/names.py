@@ -65,19 +65,34 @@ class HostNames:
         self._reverse = reverse
         self._timeout = timeout
         self._every: dict[str, float] = {}  # an exact name -> seconds between resolutions
-        suffixes = [r.resolve_every for r in rules if r.host and r.host.startswith(".")]
-        for rule in rules:
-            if rule.host is not None and not rule.host.startswith("."):
-                self._every[rule.host] = min(self._every.get(rule.host, math.inf),
-                                             rule.resolve_every)  # fmt: skip
-        self._ptr_every = min(suffixes) if suffixes else None
+        self._ptr_every: float | None = None
         self._addresses: dict[str, frozenset[str]] = {}  # an exact name -> its addresses
         self._ptr: dict[str, str | None] = {}  # an address -> its confirmed name
         self._known: dict[str, frozenset[str]] = {}  # an address -> its names (derived)
-        self._due: dict[tuple[bool, str], float] = {(True, n): -math.inf for n in self._every}
+        self._due: dict[tuple[bool, str], float] = {}
         self._failing: set[str] = set()
         self._wake = asyncio.Event()
         self.changed: Callable[[], None] = lambda: None
+        self.reconfigure(rules)
+
+    def reconfigure(self, rules: Sequence[DestinationRule]) -> None:
+        """The rules' names (at start, and at a reload): a new name is resolved at once,
+        one no rule names any more is forgotten; what was resolved is kept."""
+        every: dict[str, float] = {}
+        for rule in rules:
+            if rule.host is not None and not rule.host.startswith("."):
+                every[rule.host] = min(every.get(rule.host, math.inf), rule.resolve_every)
+        suffixes = [r.resolve_every for r in rules if r.host and r.host.startswith(".")]
+        self._every, self._ptr_every = every, (min(suffixes) if suffixes else None)
+        for forward, text in list(self._due):
+            if (forward and text not in every) or (not forward and self._ptr_every is None):
+                del self._due[(forward, text)]
+        for name in every:
+            self._due.setdefault((True, name), -math.inf)
+        if self._addresses.keys() - every.keys():
+            self._addresses = {n: a for n, a in self._addresses.items() if n in every}
+            self._recompute()
+        self._wake.set()
 
     @property
     def needed(self) -> bool:

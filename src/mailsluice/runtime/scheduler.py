@@ -88,6 +88,7 @@ class _Destination:
     pacing: Pacing
     rule: int | None = None  # the [[destinations]] rule that applies (its index)
     bound: int | None = None  # the domain rule bound to it (its index)
+    bound_domain: str | None = None  # the recipient domain that bound it
     per_connection: int | None = None  # transactions a connection carries (the rule's)
     asked: dict[int, float] = field(default_factory=dict)  # ticket -> when
     idle: dict[str, list[int]] = field(default_factory=dict)  # tenant -> idle conns, oldest first
@@ -181,7 +182,7 @@ class LocalScheduler:
             return
         index = domain_rule(self._book, domain)
         if index is not None:
-            destination.bound = index
+            destination.bound, destination.bound_domain = index, domain
             log.info("destination %s: recipient domain %s: %s bound to it", _text(key),
                      domain, self._book[index].describe())  # fmt: skip
             self._rematch(key, destination)
@@ -191,24 +192,47 @@ class LocalScheduler:
         for key, destination in list(self._all.items()):
             self._rematch(key, destination)
 
-    def _rematch(self, key: DestKey, destination: _Destination) -> None:
+    def reconfigure(
+        self,
+        *,
+        rules: LimitRules,
+        weight: Callable[[str], float],
+        destinations: Sequence[DestinationRule],
+    ) -> None:
+        """A reload: new learning rules, tenants' weights and ``[[destinations]]`` rules,
+        applied in place. What is counted (connections busy, idle, closing; tickets in
+        line) and what was learned stay; every destination's rule is chosen again (a
+        bound recipient domain binds again under the new rules) and its limit, pace and
+        transactions per connection follow the rule that now applies."""
+        new_rules = rules != self._rules
+        self._rules, self._weight, self._book = rules, weight, tuple(destinations)
+        for key, destination in list(self._all.items()):
+            domain = destination.bound_domain
+            destination.bound = None if domain is None else domain_rule(self._book, domain)
+            self._rematch(key, destination, force=True, relearn=new_rules)
+
+    def _rematch(
+        self, key: DestKey, destination: _Destination, *, force: bool = False, relearn: bool = False
+    ) -> None:
         index = self._select(key, destination.bound)
-        if index == destination.rule:
+        if index == destination.rule and not force:
             return
+        was = (destination.rule, destination.limit.value)
         destination.rule = index
         limits = self._limits(index)
         destination.per_connection = limits.max_messages_per_connection
         destination.pacing.set_rate(limits.max_messages_per_minute)
         fixed, old = self._fixed_for(key, limits), destination.limit
-        if fixed != (old.value if old.fixed else None):
+        if fixed != (old.value if old.fixed else None) or (relearn and fixed is None):
             if not old.fixed:
                 self._remembered[key] = old.value  # learned so far: kept for later
             limit = LearnedLimit(self._rules, fixed=fixed, remembered=self._remembered.get(key))
             limit.refusals, limit.last_refusal = old.refusals, old.last_refusal
             destination.limit = limit
-        rule = "no rule" if index is None else self._book[index].describe()
-        log.info("destination %s: %s applies (limit %d)", _text(key), rule,
-                 destination.limit.value)  # fmt: skip
+        if (index, destination.limit.value) != was:
+            rule = "no rule" if index is None else self._book[index].describe()
+            log.info("destination %s: %s applies (limit %d)", _text(key), rule,
+                     destination.limit.value)  # fmt: skip
         value = self._effective(destination, destination.limit.value)
         self._run(key, destination, self._share(destination).set_limit(value))
 

@@ -13,6 +13,14 @@ low, the cap is lowered to what fits and a warning names the fix, so a full prox
 ``421 4.3.2`` instead of running out of descriptors.
 
 The accept loop and the open-file budget are in ``runtime.listener``.
+
+Reload (SIGHUP; ``Proxy.reload``/``Proxy.reload_from_source``, the entry points of
+``mailsluice ctl reload`` too): the configuration is read again and what can change at
+run time is applied to new sessions, sessions in flight finishing under the settings they
+started with (``runtime.reload``). With ``--workers N`` the supervisor checks the file
+first (an invalid one is refused once, in its log, and reaches no worker), then forwards
+SIGHUP to every worker, and each worker reads the file and reloads itself (see
+``runtime.workers``).
 """
 
 from __future__ import annotations
@@ -24,16 +32,17 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from mailsluice.config import ALLOW_LOCAL, Settings
+from mailsluice.fairconfig import FairSettings
 from mailsluice.filtering.chain import FilterChain
-from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_filter_chain, build_watchers
-from mailsluice.plugins.observer import PluginSink
 from mailsluice.policy import limits
 from mailsluice.runtime import clienttls, sdnotify, startup
 from mailsluice.runtime.admin import multiproc
@@ -57,13 +66,20 @@ from mailsluice.runtime.listener import (
 from mailsluice.runtime.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.metrics import Metrics
 from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime.reload import (
+    REFUSALS,
+    ReloadResult,
+    RetiredWriters,
+    WorkerSettings,
+    prepare,
+)
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.sinks import log_url, open_sinks
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsrpt_store import TlsRptStore, store_beside
 from mailsluice.runtime.workers import RESTART, hangup_ignored, log_hangup, supervise
 from mailsluice.sessionlog import LogWriter, open_log
-from mailsluice.sessionlog.fanout import LogFanout
 
 log = logging.getLogger("mailsluice.server")
 
@@ -99,7 +115,9 @@ def _services(
     )
 
 
-def _mx_tls(settings: Settings, state: Path | None) -> tuple[MxTls, TlsRptStore | None]:
+def _mx_tls(
+    settings: Settings, state: Path | None
+) -> tuple[MxTls, MtaSts | None, TlsRptStore | None]:
     """The MX leg's TLS policy, with its MTA-STS cache and TLS report counts kept beside
     the state file (the same place for every worker)."""
     tls = settings.tls
@@ -107,35 +125,22 @@ def _mx_tls(settings: Settings, state: Path | None) -> tuple[MxTls, TlsRptStore 
     where = store_beside(state) if tls.tlsrpt else None
     results = TlsRptStore(where) if where is not None else None
     mx_tls = MxTls(tls, hostname=settings.relay.hostname, sts=sts, results=results)
-    return mx_tls, results if mx_tls.gate is not None else None
-
-
-def open_sinks(settings: Settings) -> LogWriter:
-    """The session log and every extra sink (``log_sinks``, watching ``plugins``)."""
-    limit = settings.log_queue_limit
-    writers = [open_log(_log_url(settings), limit, process=settings.log_process)]
-    writers += [open_log(url, limit, process=settings.log_process) for url in settings.log_sinks]
-    watchers = build_watchers(settings)
-    if watchers:
-        writers.append(LogWriter(PluginSink(watchers), queue_limit=limit, name="plugins"))
-    return writers[0] if len(writers) == 1 else LogFanout(writers)
-
-
-def _log_url(settings: Settings) -> str:
-    """The session log's URL: ``log``, or the default place (the CLI resolves it first and
-    says where; settings built in code get it here, said in the log)."""
-    if settings.log is not None:
-        return settings.log
-    place = default_log(writing=True)
-    if place.notice:
-        log.warning("%s", place.notice)
-    return place.url
+    return mx_tls, sts, results
 
 
 class Proxy:
-    """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends."""
+    """A running proxy. ``async with Proxy(settings) as proxy:`` listens until the block ends.
 
-    def __init__(self, settings: Settings, log_writer: LogWriter | None = None) -> None:
+    ``reload_source``: reads the configuration again (the file, then the flags) for
+    ``reload_from_source`` (SIGHUP); None: only ``reload(settings)`` reloads."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_writer: LogWriter | None = None,
+        *,
+        reload_source: Callable[[], Settings] | None = None,
+    ) -> None:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
         client_tls = clienttls.server_context(settings)  # and a bad certificate
         if chain is not None and not settings.relay.filtering:  # settings built in code
@@ -151,7 +156,9 @@ class Proxy:
             None if settings.shared_fair else state_path(settings.state_file, settings.log)
         )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
-        mx_tls, self._tls_results = _mx_tls(settings, state_path(settings.state_file, settings.log))
+        self._tls_state = state_path(settings.state_file, settings.log)
+        mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
+        self._tls_results = self._tlsrpt if mx_tls.gate is not None else None
         # metrics (``admin_listen``): served here with one process, by the host's helper
         # process with several (``runtime.admin.host``)
         self.admin = (
@@ -163,6 +170,10 @@ class Proxy:
         )
         self.services.use_suspensions(suspensions_of(settings))  # the operator's (admin API)
         self._draining: asyncio.Task[None] | None = None
+        self._reload_source = reload_source
+        self._reloading = asyncio.Lock()
+        self._retiring = RetiredWriters()  # old generations' writers, until drained
+        self._older: list[Services] = []  # old generations with sessions still open
         self._reporting: asyncio.Task[None] | None = None  # TLS report counts to disk
         self._state: StateFile | None = None
         self._listeners: list[Listener] = []
@@ -220,7 +231,8 @@ class Proxy:
         self.services.admission.own_addresses = self.addresses
         if self.admin is not None:
             try:
-                await self.admin.start(self.services, self._group, self._ready, self.drain)
+                reload = self._api_reload if self._reload_source is not None else None
+                await self.admin.start(self.services, self._group, self._ready, self.drain, reload)
             except OSError:
                 await self._abandon()
                 raise
@@ -245,6 +257,11 @@ class Proxy:
             self._draining = self._group.create_task(self.shutdown())
         open_now = len(self.services.connections)
         return f"not accepting; {open_now} sessions finishing (shutdown_grace)"
+
+    async def _api_reload(self) -> tuple[int, dict[str, object]]:
+        """``POST /api/reload``: as SIGHUP; 200 applied, 422 refused (the error says why)."""
+        result = await self.reload_from_source()
+        return (200 if result.applied else 422), {**result.as_json(), "said": result.describe()}
 
     def _ready(self) -> bool:
         return self.services.admission.accepting and bool(self._listeners)
@@ -314,16 +331,118 @@ class Proxy:
         await self._group.__aexit__(exc_type, exc, tb)
         if self._tls_results is not None:
             await asyncio.to_thread(self._tls_results.close)  # the last counts
+        await self._retiring.close_all()  # (their last sessions have ended by now)
         if self._own_writer:
             self.log_writer.detach()  # loop callbacks end here; the rest is written off-loop
             await asyncio.to_thread(self.log_writer.close)
         if self.log_writer.dropped:
             log.warning("session log: %d records dropped", self.log_writer.dropped)
 
+    # ----------------------------------------------------------------- reload
+    async def reload_from_source(self) -> ReloadResult:
+        """Read the configuration again (``reload_source``) and ``reload`` it; a file that
+        cannot be read or does not validate is refused, the running settings stay."""
+        if self._reload_source is None:
+            result = ReloadResult(False, error="no configuration source to read again")
+            log.error("%s", result.describe())
+            return result
+        try:
+            new = self._reload_source()
+        except REFUSALS as exc:
+            result = ReloadResult(False, error=str(exc))
+            log.error("%s", result.describe())
+            return result
+        return await self.reload(new)
 
-async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> int:
-    """Run until SIGTERM/SIGINT, then shut down gracefully. ``shared``: the broker's
-    address and this worker's number, when several workers share the fair scheduler."""
+    async def reload(self, new: Settings) -> ReloadResult:
+        """Apply ``new`` to the sessions that start from now on, without touching those in
+        flight (``runtime.reload``); refused, with nothing changed, if it cannot be used.
+        Logged either way (each key needing a restart as a warning); one at a time."""
+        async with self._reloading:
+            current = self.services
+            try:
+                prepared = prepare(
+                    current, new, sts=self._sts, results=self._tlsrpt, state=self._tls_state,
+                    open_writer=open_sinks,
+                )  # fmt: skip
+            except REFUSALS as exc:
+                result = ReloadResult(False, error=str(exc))
+                log.error("%s", result.describe())
+                return result
+            except Exception as exc:  # a bug of ours, or a plugin's: refused all the same
+                log.exception("reload: unexpected error")
+                result = ReloadResult(False, error=f"{type(exc).__name__}: {exc}")
+                log.error("%s", result.describe())
+                return result
+            if not self.services.admission.accepting:  # shutting down meanwhile
+                prepared.abandon()
+                return ReloadResult(False, error="shutting down")
+            if prepared.writer is not None:
+                prepared.writer.start()
+            self.services = prepared.apply(current)
+            # the generations before, while they have sessions (a writer may be theirs)
+            self._older = [g for g in (*self._older, current) if g.live]
+            self.settings = prepared.settings
+            self._sts = prepared.sts
+            if prepared.writer is not None:
+                if self._own_writer:  # (a writer given by the caller is the caller's)
+                    users = [g for g in self._older if g.log_writer is self.log_writer]
+                    self._retiring.retire(users, self.log_writer, self._spawn)
+                self.log_writer, self._own_writer = prepared.writer, True
+            self._report_tls(prepared.mx_tls)
+            self._resolve_names()
+            result = ReloadResult(True, prepared.plan)
+            for warning in prepared.plan.warnings():
+                log.warning("%s", warning)
+            log.info("%s", result.describe())
+            return result
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> bool:
+        """Run ``job`` in the proxy's TaskGroup; False when it has finished."""
+        if self._group is None:
+            return False
+        try:
+            self._group.create_task(job)
+        except RuntimeError:
+            return False
+        return True
+
+    def _report_tls(self, mx_tls: MxTls) -> None:
+        """TLS report counts written to disk once some policy checks (maybe only now)."""
+        if mx_tls.gate is None or self._tlsrpt is None or self._reporting is not None:
+            return
+        if self._group is not None:
+            self._tls_results = self._tlsrpt
+            self._reporting = self._group.create_task(self._tlsrpt.run())
+
+    def _resolve_names(self) -> None:
+        """Host rules added by a reload: their names are resolved from now on."""
+        destinations = self.services.destinations
+        if destinations is None or self.settings.shared_fair or self._resolving is not None:
+            return
+        if destinations.names.needed and self._group is not None:
+            self._resolving = self._group.create_task(destinations.names.run())
+
+    def hangup(self) -> None:
+        """SIGHUP: reload from the source, in a task of the proxy's own."""
+        if self._group is not None and self.services.admission.accepting:
+            self._group.create_task(self._reload_logged())
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload_from_source()
+        except Exception:  # a bug of ours must not end the proxy's TaskGroup
+            log.exception("reload failed; the running configuration stays")
+
+
+async def serve(
+    settings: Settings,
+    shared: tuple[str, int] | None = None,
+    source: Callable[[], Settings] | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT, then shut down gracefully; SIGHUP reloads from
+    ``source``. ``shared``: the broker's address and this worker's number, when several
+    workers share the fair scheduler."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -337,14 +456,14 @@ async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> in
             broker_lost = True
             stop.set()
 
-    async with Proxy(settings) as proxy:
+    async with Proxy(settings, reload_source=source) as proxy:
         destinations = proxy.services.destinations
         if shared is not None and destinations is not None:
             address, worker = shared
             client = await BrokerClient.connect(address, worker, destinations.deliver, lost)
             destinations.attach(client, worker)
         # after the log writer's process is started, so that it inherits SIGHUP ignored
-        loop.add_signal_handler(signal.SIGHUP, log_hangup)
+        loop.add_signal_handler(signal.SIGHUP, proxy.hangup if source is not None else log_hangup)
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         sdnotify.notify("READY=1", f"STATUS=listening on {proxy.listening_on}")  # Type=notify
         await stop.wait()
@@ -355,63 +474,90 @@ async def serve(settings: Settings, shared: tuple[str, int] | None = None) -> in
     return RESTART if broker_lost else 0
 
 
-def run(settings: Settings) -> int:
-    """Blocking entry point: one process, or ``settings.workers`` forked workers."""
+def run(settings: Settings, source: Callable[[], Settings] | None = None) -> int:
+    """Blocking entry point: one process, or ``settings.workers`` forked workers.
+    ``source`` reads the configuration again, for SIGHUP (None: SIGHUP reloads nothing
+    and says so)."""
     with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.workers``)
-        return _run(settings)
+        return _run(settings, source)
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     for warning in startup.check(settings):  # refuses what would fail every session
         log.warning("%s", warning)
     build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
     build_watchers(settings)
     if settings.workers <= 1:
-        return _run_one(settings)
-    log_url = _log_url(settings)
-    settings = replace(settings, log=log_url)  # one place for every worker
-    open_log(log_url, settings.log_queue_limit).close()  # create the log before forking
+        return _run_one(settings, None, source)
+    url = log_url(settings)
+    settings = replace(settings, log=url)  # one place for every worker
+    open_log(url, settings.log_queue_limit).close()  # create the log before forking
     clienttls.server_context(settings)  # the self-signed pair too (the workers share it)
     listen = ", ".join(map(str, settings.listen_addresses))
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     state = state_path(settings.state_file, settings.log)
     if settings.admin_listen is None:
-        return _supervise(settings, state, None)
+        return _supervise(settings, source, state, None)
     read_token(settings)  # a bad token file stops us here, before any worker
     path = multiproc.enable(state.parent if state is not None else None)
     try:
-        return _supervise(settings, state, path)
+        return _supervise(settings, source, state, path)
     finally:
         multiproc.cleanup(path)
 
 
-def _supervise(settings: Settings, state: Path | None, metrics: Path | None) -> int:
+def _supervise(
+    settings: Settings,
+    source: Callable[[], Settings] | None,
+    state: Path | None,
+    metrics: Path | None,
+) -> int:
     """The workers, and the helper process: the broker (fair sharing) and/or the admin
-    server (``metrics``: the multi-process metrics directory, with ``admin_listen``)."""
+    server (``metrics``: the multi-process metrics directory, with ``admin_listen``).
+    ``source``: the configuration read again at SIGHUP (``WorkerSettings``)."""
     fair = settings.fair
     on_exit = SupervisorMetrics(metrics).exited if metrics is not None else None
-    admin = partial(host_admin, settings, metrics) if metrics is not None else None
+    reloadable = source is not None
+    admin = (
+        partial(host_admin, settings, metrics, reloadable=reloadable)
+        if metrics is not None
+        else None
+    )
+    latest = WorkerSettings(settings, source, fair.enabled)
+    hangup = latest.check if source is not None else None
     if not fair.enabled:
-        helper = partial(run_admin_process, settings, metrics) if metrics is not None else None
-        return supervise(settings.workers, lambda number: _run_one(settings), helper, on_exit)
+        helper = (
+            partial(run_admin_process, settings, metrics, reloadable=reloadable)
+            if metrics is not None
+            else None
+        )
+        return supervise(
+            settings.workers, lambda number: _run_one(latest.worker(), None, latest.read),
+            helper, on_exit, hangup=hangup,
+        )  # fmt: skip
     address = broker_address(os.getpid())
     weights = fair.weights()
+
+    def reread() -> FairSettings:  # SIGHUP in the broker: its rules, from the file again
+        return latest.read().fair
 
     def broker() -> int:
         return run_broker(
             address, fair.limits, fair.destinations, lambda tenant: weights.get(tenant, 1.0),
-            state, settings.shutdown_grace, admin,
+            state, settings.shutdown_grace, reread if source is not None else None, admin,
         )  # fmt: skip
 
-    # (state_file kept: the workers find the suspensions and the TLS caches beside it;
-    # they never write the state itself, ``shared_fair``)
-    settings = replace(settings, shared_fair=True)
-    return supervise(
-        settings.workers, lambda number: _run_one(settings, (address, number)), broker, on_exit
-    )
+    def work(number: int) -> int:
+        return _run_one(latest.worker(), (address, number), latest.read)
+
+    return supervise(settings.workers, work, broker, on_exit, hangup=hangup)
 
 
-def _run_one(settings: Settings, shared: tuple[str, int] | None = None) -> int:
+def _run_one(
+    settings: Settings,
+    shared: tuple[str, int] | None = None,
+    source: Callable[[], Settings] | None = None,
+) -> int:
     try:
         import uvloop
     except ImportError:
@@ -419,5 +565,5 @@ def _run_one(settings: Settings, shared: tuple[str, int] | None = None) -> int:
     else:
         have_uvloop = True
     if not have_uvloop:  # outside the ``except``: errors logged later must not chain to it
-        return asyncio.run(serve(settings, shared))
-    return int(uvloop.run(serve(settings, shared)))
+        return asyncio.run(serve(settings, shared, source))
+    return int(uvloop.run(serve(settings, shared, source)))

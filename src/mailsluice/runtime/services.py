@@ -10,11 +10,20 @@ services object of their own.
 
 ``Services`` is the proxy's: it composes ``admission.Admission``, the TLS memory, the
 log writer and the pool, each kept to its own job.
+
+A reload (``runtime.reload``) makes the next *generation* (``Services.renewed``): a new
+``Services`` with the new settings, relay configuration, filter chain, log writer and TLS
+policy, sharing with the old one what must survive (the registry of live connections
+and their slots, admission, the pool, fair sharing, the TLS memory and resumption). A
+connection keeps the generation it was accepted with for its whole life; each
+generation counts its own (``live``), and a retired one calls ``drained`` when its last
+connection ends, so what it alone owns (an old log writer) is closed then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 import socket
@@ -110,6 +119,32 @@ def _weights(table: dict[str, float]) -> Callable[[str], float]:
     return lambda tenant: table.get(tenant, 1.0)
 
 
+def weights_of(settings: Settings) -> Callable[[str], float]:
+    """The tenants' weights of ``[[tenants]]`` (1 for a tenant not named)."""
+    return _weights(settings.fair.weights())
+
+
+def _relay_config(settings: Settings, mx_tls: MxTls) -> RelayConfig:
+    fair = settings.fair
+    timeouts = replace(settings.relay.timeouts, hold_max=fair.hold_max)
+    return replace(
+        settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern(),
+        tls_checks=mx_tls.gate is not None,
+    )  # fmt: skip
+
+
+class _Registry:
+    """The live connections, shared by every generation."""
+
+    __slots__ = ("connections", "slots", "total", "unclaimed")
+
+    def __init__(self) -> None:
+        self.connections: set[Registered] = set()
+        self.total = 0
+        self.slots: dict[Registered, str] = {}  # admitted connection -> its client key
+        self.unclaimed: str | None = None  # slot taken by ``admit`` for the one being made
+
+
 class Services:
     """The proxy's services for its connections (one per worker)."""
 
@@ -132,12 +167,8 @@ class Services:
         self.submit_record = submit if metrics is None else metrics.tee(submit)
         self.admission = admission
         fair = settings.fair
-        timeouts = replace(settings.relay.timeouts, hold_max=fair.hold_max)
         self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
-        self.relay_config = replace(
-            settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern(),
-            tls_checks=self.mx_tls.gate is not None,
-        )  # fmt: skip
+        self.relay_config = _relay_config(settings, self.mx_tls)
         self.destinations: Destinations | None = None
         if fair.enabled:
             self.destinations = Destinations(
@@ -153,10 +184,9 @@ class Services:
         self.chain_verifier = ChainVerifier()
         self.resumption = Resumption() if settings.tls.resumption else None
         self._tls_memory = TlsFailureMemory()
-        self.connections: set[Registered] = set()
-        self.connections_total = 0
-        self._slots: dict[Registered, str] = {}  # admitted connection -> its client key
-        self._unclaimed: str | None = None  # slot taken by ``admit`` for the one being made
+        self._registry = _Registry()
+        self._mine: set[Registered] = set()  # this generation's live connections
+        self.drained: Callable[[Services], None] | None = None  # set when retired
         self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,6 +197,37 @@ class Services:
                 max_idle=settings.reuse_max_idle, max_sessions=settings.reuse_max_sessions,
                 forget=admission.outbound.discard,
             )  # fmt: skip
+
+    def renewed(
+        self,
+        settings: Settings,
+        log_writer: LogWriter,
+        filter_chain: FilterChain | None,
+        mx_tls: MxTls,
+        client_tls_context: ssl.SSLContext | None,
+    ) -> Services:
+        """The next generation (see the module docstring): what is given is its own,
+        the rest is shared with this one."""
+        new = copy.copy(self)
+        new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
+        new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
+        new.relay_config = _relay_config(settings, mx_tls)
+        new._mine, new.drained = set(), None
+        return new
+
+    @property
+    def live(self) -> int:
+        """This generation's live connections."""
+        return len(self._mine)
+
+    @property
+    def connections(self) -> set[Registered]:
+        """Every live connection, of every generation."""
+        return self._registry.connections
+
+    @property
+    def connections_total(self) -> int:
+        return self._registry.total
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -216,9 +277,10 @@ class Services:
         if paused is not None:  # the operator's suspension: the client tries again later
             self.admission.release(verdict)
             return Reply.make(421, "4.7.0", f"{self.settings.relay.hostname} {paused}")
-        if self._unclaimed is not None:
-            self.admission.release(self._unclaimed)
-        self._unclaimed = verdict
+        registry = self._registry
+        if registry.unclaimed is not None:
+            self.admission.release(registry.unclaimed)
+        registry.unclaimed = verdict
         return None
 
     def dialled(self, pair: Outbound) -> None:
@@ -242,14 +304,23 @@ class Services:
 
     # ----------------------------------------------------------------- live connections
     def started(self, connection: Registered) -> None:
-        if self._unclaimed is not None:
-            self._slots[connection] = self._unclaimed
-            self._unclaimed = None
-        self.connections.add(connection)
-        self.connections_total += 1
+        registry = self._registry
+        if registry.unclaimed is not None:
+            registry.slots[connection] = registry.unclaimed
+            registry.unclaimed = None
+        registry.connections.add(connection)
+        registry.total += 1
+        self._mine.add(connection)
 
     def ended(self, connection: Registered) -> None:
-        self.connections.discard(connection)
-        slot = self._slots.pop(connection, None)
+        registry = self._registry
+        registry.connections.discard(connection)
+        slot = registry.slots.pop(connection, None)
         if slot is not None:
             self.admission.release(slot)
+        mine = self._mine
+        if connection in mine:
+            mine.discard(connection)
+            if not mine and self.drained is not None:
+                drained, self.drained = self.drained, None
+                drained(self)

@@ -9,9 +9,18 @@ that dies unexpectedly (at most once a second). With fair sharing across workers
 first starts the broker (``broker``), restarted like a worker. Under systemd
 (``Type=notify``) it sends ``READY=1`` only once every worker serves (``sdnotify``).
 
-SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) stops nothing: reloading is
-not supported yet, so the supervisor and every worker ignore it and log that they did
-(``HANGUP_NOTICE``); processes they start meanwhile inherit the ignored signal.
+SIGHUP (``kill -HUP``, ``systemctl reload``, a closed terminal) stops nothing: it reloads
+the configuration. The supervisor reads and checks the file first (``hangup``: an invalid
+one is refused once, in its log, and no worker is disturbed), keeps the new settings for
+any worker it starts later, and forwards SIGHUP to every worker and to the fair-sharing broker; each
+then reads the file itself and reloads (a worker: ``server.Proxy.reload``; the broker:
+its scheduler's rules, ``broker._reconfigure``). Why each worker reads it rather than being sent
+the settings: there is no channel from the supervisor to a worker but signals, and a
+worker's reload is then the very code of a single process's; the file is checked again
+by each, so a file changed between the two reads is still refused by a worker, never
+half applied. Without a configuration source (settings built in code) SIGHUP is
+ignored and said (``HANGUP_NOTICE``). Processes started while SIGHUP is ignored (the
+session log's writer) inherit the ignored signal.
 
 Sessions never move between workers; what a worker remembers (TLS failures, its own
 outbound sources for loop detection) is its own. A self-redirect loop is still caught:
@@ -41,8 +50,8 @@ _FORK_BLOCKED = {*_STOP_SIGNALS, signal.SIGHUP}
 #: if it comes early (the broker went away and was restarted meanwhile)
 RESTART = 75
 HANGUP_NOTICE = (
-    "SIGHUP ignored: reloading the configuration is not supported yet "
-    "(restart mailsluice to apply a change)"
+    "SIGHUP ignored: no configuration file to read again (serve without --config); "
+    "restart mailsluice to apply a change"
 )
 
 
@@ -60,7 +69,7 @@ def hangup_ignored() -> Iterator[None]:
 
 
 def log_hangup(signum: int = signal.SIGHUP, frame: FrameType | None = None) -> None:
-    """The SIGHUP handler: say that it changes nothing."""
+    """The SIGHUP handler where there is nothing to reload: say that it changes nothing."""
     log.warning(HANGUP_NOTICE)
 
 
@@ -81,11 +90,15 @@ def supervise(
     work: Callable[[int], int],
     helper: Callable[[], int] | None = None,
     on_exit: Callable[[int, int, bool], None] | None = None,
+    *,
+    hangup: Callable[[], bool] | None = None,
 ) -> int:
     """Fork ``count`` workers running ``work(number)`` and wait for them; returns the exit
     code. ``helper`` (the fair-sharing broker, the admin server) runs in a process of
     its own, started first and restarted like a worker (it is number -1). ``on_exit(pid,
-    number, restarting)`` hears of every child that exited (the metrics)."""
+    number, restarting)`` hears of every child that exited (the metrics). ``hangup``:
+    SIGHUP's check in the supervisor; when it says yes, SIGHUP goes on to every worker
+    (None: ignored)."""
     stopping = False
     supervisor = os.getpid()
     children: dict[int, int] = {}  # pid -> worker number
@@ -103,7 +116,7 @@ def supervise(
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # its event loop logs it later
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # its event loop reloads, later
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_BLOCKED)
             _stop_with_parent(supervisor)
             code = 1
@@ -129,9 +142,21 @@ def supervise(
             except ProcessLookupError:
                 pass
 
+    def reload(signum: int, frame: FrameType | None) -> None:
+        if stopping or hangup is None:
+            log_hangup()
+            return
+        if not hangup():
+            return
+        for pid in list(children):  # the workers, and the broker (its rules)
+            try:
+                os.kill(pid, signal.SIGHUP)
+            except ProcessLookupError:
+                pass
+
     readiness = WorkersReadiness.open()  # READY=1 to systemd once every worker said it
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, log_hangup)
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
     status_code = 0
     try:
         if helper is not None:

@@ -125,7 +125,7 @@ def mx_in_thread() -> Iterator[int]:
 def test_command_line_writes_report_jtl_and_plots(
     mx_in_thread: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out, jtl = tmp_path / "out", tmp_path / "run.jtl"
+    out, jtl = tmp_path / "out", tmp_path / "jtl" / "run.jtl"  # its directory made by the run
     argv = ["load", "--target", f"127.0.0.1:{mx_in_thread}", "--rate", "40", "--duration", "1",
             "--clients", "3", "--jtl", str(jtl), "--out", str(out), "--quiet"]  # fmt: skip
     assert bench_main(argv) == 0

@@ -41,6 +41,7 @@ class ApiContext:
     abort: Callable[[str], Awaitable[bool]]
     scheduler: SchedulerView | None = None
     drain: Callable[[], str] | None = None
+    reload: Callable[[], Awaitable[tuple[int, dict[str, object]]]] | None = None
     log_url: str | None = None
     weights: dict[str, float] = field(default_factory=dict)  # [[tenants]] groups
     workers: int = 1
@@ -211,11 +212,14 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         return json_response(202, {"draining": ctx.drain()})
 
     async def reload(request: Request) -> Response:
-        return _error(
-            501,
-            "reload is not built into this version: restart the proxy "
-            "(systemctl restart mailsluice) to apply a new configuration",
-        )
+        if ctx.reload is None:
+            return _error(
+                501,
+                "this proxy was started without a configuration file (--config): there is "
+                "nothing to read again; restart it with the new settings",
+            )
+        status, body = await ctx.reload()
+        return json_response(status, body)
 
     router.add("GET", "/api/overview", overview)
     router.add("GET", "/api/sessions", sessions)

@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -116,9 +116,11 @@ class WorkerMetrics:
         group: asyncio.TaskGroup,
         ready: Callable[[], bool],
         drain: Callable[[], str] | None = None,
+        reload: Callable[[], Awaitable[tuple[int, dict[str, object]]]] | None = None,
     ) -> None:
         """The proxy listens: count it up, sample its counters, serve (one process).
-        ``drain``: stops accepting and lets the sessions finish (``POST /api/drain``)."""
+        ``drain``: stops accepting and lets the sessions finish (``POST /api/drain``);
+        ``reload``: reads the configuration again (``POST /api/reload``)."""
         self._services = services
         if services.mx_tls.gate is not None:
             services.mx_tls.gate.observe = self.metrics.tls_checked
@@ -141,7 +143,8 @@ class WorkerMetrics:
             context = ApiContext(
                 suspensions=services.suspensions, registry=self.registry,
                 sessions=lambda: live.live_sessions(connections, time.time()),
-                abort=abort, scheduler=local, drain=drain, log_url=self._settings.log,
+                abort=abort, scheduler=local, drain=drain, reload=reload,
+                log_url=self._settings.log,
                 weights=self._settings.fair.weights(),
             )  # fmt: skip
             add_dashboard(add_api(router, context))
@@ -189,10 +192,15 @@ def workers_up(path: Path) -> int:
 
 @asynccontextmanager
 async def host_admin(
-    settings: Settings, path: Path, scheduler: SchedulerView | None = None
+    settings: Settings,
+    path: Path,
+    scheduler: SchedulerView | None = None,
+    *,
+    reloadable: bool = False,
 ) -> AsyncIterator[AdminServer]:
     """The host's admin server (``--workers N``): every process's metrics summed, and the
-    scheduler's, when it runs in this process."""
+    scheduler's, when it runs in this process. ``reloadable``: the supervisor reloads at
+    SIGHUP (it was started with a configuration file)."""
     token = read_token(settings)
     registry = multiproc.registry(path)
     if scheduler is not None:
@@ -219,13 +227,23 @@ async def host_admin(
             "finish their sessions within shutdown_grace and exit"
         )
 
+    async def reload() -> tuple[int, dict[str, object]]:
+        supervisor = os.getppid()
+        os.kill(supervisor, signal.SIGHUP)  # it checks the file, then every worker reloads
+        return 202, {
+            "applied": None,
+            "requested": f"SIGHUP sent to the supervisor (pid {supervisor}): it checks the "
+            "file (a file that does not validate is refused there), then every worker and "
+            "the broker reload; each logs its result",
+        }
+
     readiness: Readiness = ready
     router = add_routes(Router(), registry, readiness)
     context = ApiContext(
         suspensions=suspensions_of(settings), registry=registry,
         sessions=lambda: live.read_published(path), abort=abort, scheduler=scheduler,
-        drain=drain, log_url=settings.log, weights=settings.fair.weights(),
-        workers=settings.workers,
+        drain=drain, reload=reload if reloadable else None, log_url=settings.log,
+        weights=settings.fair.weights(), workers=settings.workers,
     )  # fmt: skip
     add_dashboard(add_api(router, context))
     server = await _start_server(settings, router, token)
@@ -235,18 +253,18 @@ async def host_admin(
         await server.close()
 
 
-async def _serve_alone(settings: Settings, path: Path) -> None:
+async def _serve_alone(settings: Settings, path: Path, reloadable: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with host_admin(settings, path):
+    async with host_admin(settings, path, reloadable=reloadable):
         await stop.wait()
 
 
-def run_admin_process(settings: Settings, path: Path) -> int:
+def run_admin_process(settings: Settings, path: Path, *, reloadable: bool = False) -> int:
     """The helper process's main without fair sharing: the admin server alone."""
-    asyncio.run(_serve_alone(settings, path))
+    asyncio.run(_serve_alone(settings, path, reloadable))
     return 0
 
 

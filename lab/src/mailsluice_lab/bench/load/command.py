@@ -248,6 +248,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     host, port = args.target
+    if args.jtl is not None:  # before the run: a missing directory must not cost its results
+        args.jtl.parent.mkdir(parents=True, exist_ok=True)
     config = worker_config(args, host, port, rate=args.rate, duration=args.duration,
                            messages=args.messages, time_cap=args.time_cap)  # fmt: skip
     try:
