@@ -88,9 +88,16 @@ async def _until(what: Callable[[], bool], timeout: float = 15.0) -> None:
     """Wait (off the loop) until ``what()`` holds in the browser."""
 
     def poll() -> bool:
+        from selenium.common.exceptions import (
+            NoSuchElementException,
+            StaleElementReferenceException,
+        )
         from selenium.webdriver.support.ui import WebDriverWait
 
-        WebDriverWait(None, timeout, poll_frequency=0.2).until(lambda _: what())  # type: ignore[arg-type]
+        # (the page refreshes every second: an element found may be gone when read)
+        ignored = (NoSuchElementException, StaleElementReferenceException)
+        wait = WebDriverWait(None, timeout, poll_frequency=0.2, ignored_exceptions=ignored)  # type: ignore[arg-type]
+        wait.until(lambda _: what())
         return True
 
     await asyncio.to_thread(poll)
@@ -124,16 +131,17 @@ async def test_the_dashboard_shows_live_traffic(
 
         # what a person sees: the count, the rows, the destination's slots
         await _until(lambda: text("in-flight") == "3")
-        rows = browser.find_elements(By.CSS_SELECTOR, "tr.session-row")
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('tr.session-row')].map(r => r.innerText)"
+        )
         assert len(rows) == 3
-        assert all("shop" in row.text and " data " in f" {row.text} " for row in rows)
+        assert all("shop" in row and "\tdata\t" in row for row in rows), rows
         destination = f"{mx.host}:{mx.port}"
         await _until(lambda: any(
             destination in r.text and r.get_attribute("data-in-use") == "3"
             for r in browser.find_elements(By.CSS_SELECTOR, "tr.destination-row")
         ))  # fmt: skip
-        dest_row = browser.find_element(By.CSS_SELECTOR, "tr.destination-row")
-        assert "3 / " in dest_row.text
+        await _until(lambda: "3 / " in text("destinations"))
         await _until(lambda: text("delivered") == "6")
         # the chart: a throughput line with points
         await _until(
@@ -146,14 +154,20 @@ async def test_the_dashboard_shows_live_traffic(
                 >= 2
             )
         )
-        points = browser.find_element(By.CSS_SELECTOR, "polyline.series-throughput")
-        assert len(points.get_attribute("points").split()) >= 2
+        points = browser.execute_script(
+            "return document.querySelector('polyline.series-throughput').getAttribute('points')"
+        )
+        assert len(points.split()) >= 2
 
         # a recent session, one click away: its transcript
-        await _until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "tr.recent-row")) >= 1)
-        browser.find_elements(By.CSS_SELECTOR, "tr.recent-row")[0].click()
-        await _until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".transcript-line")) > 3)
-        lines = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".transcript-line")]
+        def clicked() -> bool:
+            browser.find_element(By.CSS_SELECTOR, "tr.recent-row").click()
+            return len(browser.find_elements(By.CSS_SELECTOR, ".transcript-line")) > 3
+
+        await _until(clicked)
+        lines = browser.execute_script(
+            "return [...document.querySelectorAll('.transcript-line')].map(e => e.innerText)"
+        )
         assert any(line.startswith("c>s mail FROM:<s@client.test>") for line in lines), lines
         assert any(line.startswith("s>c 250") for line in lines), lines
 
@@ -166,7 +180,7 @@ async def test_the_dashboard_shows_live_traffic(
         )
         await _until(lambda: "suspended until" in browser.find_element(
             By.CSS_SELECTOR, 'tr.tenant-row[data-tenant="news"]').text)  # fmt: skip
-        assert text("suspension-count") == "1"
+        await _until(lambda: text("suspension-count") == "1")
         with pytest.raises(smtplib.SMTPConnectError) as refused:
             await asyncio.to_thread(_send, proxy.port, "127.0.0.3", 1)
         assert b"tenant news suspended by the operator" in refused.value.smtp_error
@@ -176,7 +190,7 @@ async def test_the_dashboard_shows_live_traffic(
                 await asyncio.to_thread(_send, proxy.port, "127.0.0.4", 3)
                 await asyncio.sleep(0.7)
             browser.set_window_size(1400, 1500)
-            browser.find_elements(By.CSS_SELECTOR, "tr.recent-row")[0].click()
+            await _until(clicked)
             await asyncio.sleep(1.5)
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             browser.save_screenshot(str(SCREENSHOT))

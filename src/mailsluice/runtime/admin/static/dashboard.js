@@ -27,9 +27,36 @@ function row(cells, attrs) {
   return tr;
 }
 
-function fill(tableId, rows) {
+// Rows are kept by key and updated in place (text, bars), so what a person is about to
+// click is not replaced under the pointer by the next refresh; buttons are made once.
+function fill(tableId, items, keyOf, cellsOf, attrsOf, onCreate) {
   const body = $(tableId).querySelector("tbody");
-  body.replaceChildren(...rows);
+  const existing = new Map([...body.children].map(tr => [tr.dataset.key, tr]));
+  const rows = items.map(item => {
+    const key = String(keyOf(item));
+    const cells = cellsOf(item);
+    let tr = existing.get(key);
+    if (!tr || tr.children.length !== cells.length) {
+      tr = row(cells, attrsOf(item));
+      tr.dataset.key = key;
+      if (onCreate) onCreate(tr, item);
+      return tr;
+    }
+    cells.forEach((cell, i) => {
+      const td = tr.children[i];
+      if (cell instanceof Node) {
+        const old = td.firstElementChild;
+        if (cell.classList.contains("bar") && old) old.replaceWith(cell);
+        return; // (a button stays the one made with the row)
+      }
+      const text = cell === null || cell === undefined ? "" : String(cell);
+      if (td.textContent !== text) td.textContent = text;
+    });
+    for (const [name, value] of Object.entries(attrsOf(item))) tr.setAttribute(name, value);
+    return tr;
+  });
+  rows.forEach((tr, i) => { if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null); });
+  while (body.children.length > rows.length) body.lastElementChild.remove();
 }
 
 async function api(method, path, body) {
@@ -132,6 +159,26 @@ async function showTranscript(id) {
   }
 }
 
+function abortButton(id) {
+  const stop = el("button", "abort", { class: "abort", title: "end this session (421 to the client)" });
+  stop.addEventListener("click", async event => {
+    event.stopPropagation();
+    if (confirm("Abort session " + id + "? The client gets a 421 and retries later.")) {
+      await api("POST", "/api/sessions/" + encodeURIComponent(id) + "/abort").catch(e => alert(e.message));
+    }
+  });
+  return stop;
+}
+
+function resumeButton(id) {
+  const resume = el("button", "resume", { class: "resume" });
+  resume.addEventListener("click", async () => {
+    await api("DELETE", "/api/suspensions/" + encodeURIComponent(id)).catch(e => alert(e.message));
+    refresh();
+  });
+  return resume;
+}
+
 async function refresh() {
   try {
     const [overview, sessions, destinations, tenants, suspensions, recent] = await Promise.all([
@@ -154,45 +201,31 @@ async function refresh() {
     $("deferrals").textContent = String(last ? last.deferred - minuteAgo.deferred : 0);
     drawChart();
 
-    fill("sessions", sessions.sessions.map(s => {
-      const stop = el("button", "abort", { class: "abort", title: "end this session (421 to the client)" });
-      stop.addEventListener("click", async event => {
-        event.stopPropagation();
-        if (confirm("Abort session " + s.id + "? The client gets a 421 and retries later.")) {
-          await api("POST", "/api/sessions/" + encodeURIComponent(s.id) + "/abort").catch(e => alert(e.message));
-        }
-      });
-      const tr = row([s.id, s.client, s.tenant, s.destination, s.phase, seconds(s.age_s), s.bytes, stop], { class: "clickable session-row", "data-id": s.id });
-      tr.addEventListener("click", () => showTranscript(s.id));
-      return tr;
-    }));
+    fill("sessions", sessions.sessions, s => s.id,
+      s => [s.id, s.client, s.tenant, s.destination, s.phase, seconds(s.age_s), s.bytes, abortButton(s.id)],
+      s => ({ class: "clickable session-row", "data-id": s.id }),
+      (tr, s) => tr.addEventListener("click", () => showTranscript(s.id)));
 
     $("destinations-note").textContent = destinations.fair_sharing ? "" : "Fair sharing is off: no per-destination slots to show.";
-    fill("destinations", destinations.destinations.map(d => row([
+    fill("destinations", destinations.destinations, d => d.destination, d => [
       d.destination, d.in_use + " / " + d.limit + (d.learned ? " (learned)" : ""), bar(d.in_use, d.limit), d.waiting,
       Object.values(d.deferrals_15m || {}).reduce((a, b) => a + b, 0),
-    ], { class: "destination-row", "data-destination": d.destination, "data-in-use": d.in_use })));
+    ], d => ({ class: "destination-row", "data-destination": d.destination, "data-in-use": String(d.in_use) }));
 
     const busyAll = tenants.tenants.reduce((a, t) => a + t.busy, 0);
-    fill("tenants", tenants.tenants.map(t => row([
+    fill("tenants", tenants.tenants, t => t.tenant, t => [
       t.tenant, t.weight, t.sessions, t.busy, bar(t.busy, busyAll), t.waiting,
       t.suspended ? "suspended until " + clock(t.suspended.until) : "",
-    ], { class: "tenant-row", "data-tenant": t.tenant })));
+    ], t => ({ class: "tenant-row", "data-tenant": t.tenant }));
 
-    fill("suspensions", suspensions.suspensions.map(s => {
-      const resume = el("button", "resume", { class: "resume" });
-      resume.addEventListener("click", async () => {
-        await api("DELETE", "/api/suspensions/" + encodeURIComponent(s.id)).catch(e => alert(e.message));
-        refresh();
-      });
-      return row([s.kind + " " + s.name, clock(s.until), s.reason, resume], { class: "suspension-row", "data-id": s.id });
-    }));
+    fill("suspensions", suspensions.suspensions, s => s.id,
+      s => [s.kind + " " + s.name, clock(s.until), s.reason, resumeButton(s.id)],
+      s => ({ class: "suspension-row", "data-id": s.id }));
 
-    fill("recent", recent.sessions.slice(0, 15).map(s => {
-      const tr = row([(s.started_at || "").replace("T", " ").slice(0, 19), s.client, s.destination, s.final_code], { class: "clickable recent-row", "data-id": s.id });
-      tr.addEventListener("click", () => showTranscript(s.id));
-      return tr;
-    }));
+    fill("recent", recent.sessions.slice(0, 15), s => s.id,
+      s => [(s.started_at || "").replace("T", " ").slice(0, 19), s.client, s.destination, s.final_code],
+      s => ({ class: "clickable recent-row", "data-id": s.id }),
+      (tr, s) => tr.addEventListener("click", () => showTranscript(s.id)));
   } catch (error) {
     if (error.message !== "unauthorized") $("status").textContent = "cannot reach the proxy: " + error.message;
   }
