@@ -380,6 +380,8 @@ class Proxy:
             if prepared.writer is not None:
                 prepared.writer.start()
             self.services = prepared.apply(current)
+            if self.admin is not None:
+                self.admin.follow(self.services)
             # the generations before, while they have sessions (a writer may be theirs)
             self._older = [g for g in (*self._older, current) if g.live]
             self.settings = prepared.settings

@@ -183,12 +183,9 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object")
         try:
-            made = await asyncio.to_thread(
-                ctx.suspensions.add,
-                body.get("kind"),
-                body.get("name"),
-                body.get("seconds"),
-                body.get("reason", ""),
+            # (on the loop: a small file, and the suspensions are read on the loop too)
+            made = ctx.suspensions.add(
+                body.get("kind"), body.get("name"), body.get("seconds"), body.get("reason", "")
             )
         except SuspensionError as exc:
             return _error(400, str(exc))
@@ -199,7 +196,7 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
     async def resume(request: Request) -> Response:
         ident = request.params.get("id", "")
         try:
-            ended = await asyncio.to_thread(ctx.suspensions.remove, ident)
+            ended = ctx.suspensions.remove(ident)
         except OSError as exc:
             return _error(500, f"cannot write the suspensions file: {exc}")
         if ended is None:

@@ -151,6 +151,13 @@ class WorkerMetrics:
             self.server = await _start_server(self._settings, router, self._token)
         self._sampler = group.create_task(self._sample_forever())
 
+    def follow(self, services: Services) -> None:
+        """A reload's next generation of the services: sampled and observed from now on
+        (the live connections, the scheduler and the suspensions are shared by all)."""
+        self._services = services
+        if services.mx_tls.gate is not None:
+            services.mx_tls.gate.observe = self.metrics.tls_checked
+
     def sample(self) -> None:
         services = self._services
         if services is None:
