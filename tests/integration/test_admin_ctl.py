@@ -10,6 +10,7 @@ import asyncio
 import io
 import ipaddress
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from tests.integration.proxy_helpers import outcome
 from mailsluice import ctl_cli
 from mailsluice.cli import build_parser
 from mailsluice.fairconfig import TenantGroup
+from mailsluice_lab.peers.client import RawSMTPClient
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.asyncio
@@ -111,3 +113,53 @@ async def test_an_unreachable_admin_server_is_said_with_the_fix(tmp_path: Path) 
     code, _, err = await run("top", "--once", "--config", str(config))
     assert code == 1
     assert "has no admin_listen: set it" in err
+
+
+async def test_top_redraws_every_interval_with_the_rate(
+    proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """Two frames of the live view: the screen cleared before each, msg/s from the
+    deliveries between them."""
+    settings = admin_settings(tmp_path)
+    token = settings["admin_token_file"]
+    async with ScriptedMX() as mx, proxy_factory((mx.host, mx.port), settings=settings) as proxy:
+        port = admin_port(proxy)
+        args = build_parser().parse_args(
+            ["top", "--admin", f"127.0.0.1:{port}", "--token-file", token, "--interval", "1"]
+        )
+        slept: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        def sleep(seconds: float) -> None:
+            slept.append(seconds)
+            if len(slept) == 2:
+                raise KeyboardInterrupt
+            # two messages delivered "during" the interval
+            for _ in range(2):
+                asyncio.run_coroutine_threadsafe(_deliver(proxy.port), loop).result(20)
+            time.sleep(seconds)
+
+        out = io.StringIO()
+        admin = ctl_cli._admin(args)
+        with pytest.raises(KeyboardInterrupt):
+            await asyncio.to_thread(ctl_cli._top, args, admin, out, sleep)
+    frames = out.getvalue().split(ctl_cli.CLEAR)
+    assert frames[0] == ""
+    assert len(frames) == 3
+    assert "msg/s -" in frames[1]
+    rate = float(re.search(r"msg/s (\d+\.\d)", frames[2]).group(1))  # type: ignore[union-attr]
+    assert "delivered 2 " in frames[2]
+    assert 0.2 <= rate <= 2.0  # two in a second and a bit (more on a slow machine)
+    assert slept == [1.0, 1.0]
+
+
+async def _deliver(port: int) -> None:
+    client = await RawSMTPClient.connect("127.0.0.1", port, timeout=10)
+    async with client:
+        assert (await outcome(client)).startswith("220")
+        assert (await client.ehlo()).code == 250
+        replies = await client.send_message(
+            "s@client.test", ["r@mx.test"], b"Subject: x\r\n\r\nx\r\n"
+        )
+        assert replies[-1].code == 250
+        await client.quit()

@@ -63,8 +63,13 @@ def live_sessions(connections: Iterable[LiveConnection], now: float) -> list[dic
         rows.append(row)
         if len(rows) >= MAX_ROWS:
             break
-    rows.sort(key=lambda r: str(r.get("opened_at")))
+    rows.sort(key=_opened)
     return rows
+
+
+def _opened(row: dict[str, object]) -> float:
+    opened = row.get("opened_at")
+    return float(opened) if isinstance(opened, int | float) else 0.0
 
 
 def abort_session(connections: Iterable[LiveConnection], session_id: str) -> bool:
@@ -110,7 +115,7 @@ def read_published(directory: Path) -> list[dict[str, object]]:
             continue
         if isinstance(found, list):
             rows.extend(row for row in found if isinstance(row, dict))
-    rows.sort(key=lambda r: str(r.get("opened_at")))
+    rows.sort(key=_opened)
     return rows
 
 
