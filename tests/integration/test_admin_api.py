@@ -84,6 +84,16 @@ async def test_sessions_destinations_tenants_and_abort(
         assert all(r["destination"] == f"{mx.host}:{mx.port}" for r in rows)
         assert all(r["age_s"] >= 0 and r["bytes"] > 0 for r in rows)
 
+        # a live session's transcript: what the relay still holds (no transaction ended)
+        status, seen = await acall(port, "GET", f"/api/sessions/{rows[1]['id']}/transcript")
+        assert status == 200, seen
+        said = [(line["direction"], line["text"]) for line in seen["lines"]]
+        assert ("c>s", "MAIL FROM:<s@client.test>") in said, said
+        assert any(d == "s>c" and t.startswith("354") for d, t in said), said
+        assert [line["seq"] for line in seen["lines"]] == sorted(
+            {line["seq"] for line in seen["lines"]}
+        )
+
         status, dests = await acall(port, "GET", "/api/destinations")
         assert status == 200
         assert dests["fair_sharing"] is True

@@ -5,8 +5,9 @@ delivered, three sessions held mid-body. The test opens the page, types the toke
 checks what a person sees: "sessions in flight" is 3, the destination's row says 3 in
 use, the throughput chart has points, a click on a recent session shows its transcript
 lines, and a tenant suspended through the page's form shows in the suspensions table and
-in the tenant's row. A screenshot goes to ``docs/img/dashboard.png`` when
-``MAILSLUICE_SCREENSHOT`` is set (``MAILSLUICE_SCREENSHOT=1 pytest ...``).
+in the tenant's row; a click on a session in flight shows its transcript so far. A
+screenshot goes to ``docs/img/dashboard.png`` when ``MAILSLUICE_SCREENSHOT`` is set
+(``MAILSLUICE_SCREENSHOT=1 pytest ...``).
 
 Skipped (with the reason) when chromium, chromedriver or selenium is missing; CI installs
 them (``scripts/bootstrap``). Selenium Manager never downloads anything: the driver and
@@ -158,6 +159,14 @@ async def test_the_dashboard_shows_live_traffic(
             "return document.querySelector('polyline.series-throughput').getAttribute('points')"
         )
         assert len(points.split()) >= 2
+
+        # a session in flight, one click away: what its relay holds so far
+        def clicked_live() -> bool:
+            browser.find_element(By.CSS_SELECTOR, "tr.session-row").click()
+            return "c>s MAIL FROM:<s@client.test>" in text("transcript")
+
+        await _until(clicked_live)
+        assert "354" in text("transcript")
 
         # a recent session, one click away: its transcript
         def clicked() -> bool:

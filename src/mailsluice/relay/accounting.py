@@ -98,6 +98,10 @@ class Account:
         self._lines.append((self._seq, now, direction._value_, text))  # not the slow .value
         return len(self._lines) >= CHUNK_LINES
 
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The lines not handed over yet (seq, time, direction, text), for a live look."""
+        return tuple(self._lines)
+
     def take_lines(self) -> TranscriptChunk | None:
         """The lines held since the last call, as one record (None if there are none)."""
         if not self._lines:

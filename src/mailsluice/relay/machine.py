@@ -189,6 +189,10 @@ class Relay:
             mail_from=txn.mail_from if txn is not None else None,
         )  # fmt: skip
 
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The transcript lines not yet in the session log (the admin API's live look)."""
+        return self._out.account.held_lines()
+
     def take_log(self) -> list[act.Action]:
         """The transcript lines held so far, as a ``Log`` action (for tests and tools)."""
         chunk = self._out.account.take_lines()

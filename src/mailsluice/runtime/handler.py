@@ -322,6 +322,10 @@ class ConnectionHandler:
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
 
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The transcript lines the relay holds, not yet in the log."""
+        return self.relay.held_lines() if self.relay is not None else ()
+
     def live(self) -> dict[str, object] | None:
         """The session as the admin API shows it (None: no relay, or closed)."""
         relay = self.relay

@@ -64,6 +64,8 @@ class Registered(Protocol):
 
     def live(self) -> dict[str, object] | None: ...
 
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]: ...
+
 
 class ConnectionServices(Protocol):
     """The services one connection uses (see the module docstring)."""

@@ -42,6 +42,8 @@ class ApiContext:
     scheduler: SchedulerView | None = None
     drain: Callable[[], str] | None = None
     reload: Callable[[], Awaitable[tuple[int, dict[str, object]]]] | None = None
+    # a live session of this process and its lines not yet in the log (``live``)
+    held: Callable[[str], tuple[dict[str, object], list[dict[str, object]]] | None] | None = None
     log_url: str | None = None
     weights: dict[str, float] = field(default_factory=dict)  # [[tenants]] groups
     workers: int = 1
@@ -110,15 +112,27 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         return json_response(200, {"aborted": ident})
 
     async def transcript(request: Request) -> Response:
+        """From the session log, and for a live session of this process the lines its
+        relay still holds (handed to the log at the transaction's end, every 64 lines)."""
         ident = request.params.get("id", "")
-        if ctx.log_url is None:
+        held = ctx.held(ident) if ctx.held is not None else None
+        if ctx.log_url is None and held is None:
             return _error(404, "no session log is configured (log = ...)")
         from mailsluice.sessionlog import SessionLogError, session_with_transcript
 
+        session: dict[str, object]
+        lines: list[dict[str, object]] = []
         try:
+            if ctx.log_url is None:
+                raise SessionLogError("no session log")
             session, lines = await asyncio.to_thread(session_with_transcript, ctx.log_url, ident)
         except SessionLogError as exc:
-            return _error(404, f"{exc}")
+            if held is None:
+                return _error(404, f"{exc}")
+            session = held[0]
+        if held is not None:
+            last = max((int(str(line.get("seq", 0))) for line in lines), default=0)
+            lines = lines + [line for line in held[1] if int(str(line["seq"])) > last]
         return json_response(200, {"session": session, "lines": lines})
 
     async def recent(request: Request) -> Response:

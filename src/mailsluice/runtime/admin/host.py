@@ -144,6 +144,7 @@ class WorkerMetrics:
                 suspensions=services.suspensions, registry=self.registry,
                 sessions=lambda: live.live_sessions(connections, time.time()),
                 abort=abort, scheduler=local, drain=drain, reload=reload,
+                held=lambda session_id: live.held_transcript(connections, session_id),
                 log_url=self._settings.log,
                 weights=self._settings.fair.weights(),
             )  # fmt: skip

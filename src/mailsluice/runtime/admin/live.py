@@ -23,6 +23,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +44,8 @@ MAX_ROWS = 5000  # sessions shown per process at most
 
 class LiveConnection(Protocol):
     def live(self) -> dict[str, object] | None: ...
+
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]: ...
 
     def shutdown(self, forced: bool) -> None: ...
 
@@ -70,6 +73,22 @@ def live_sessions(connections: Iterable[LiveConnection], now: float) -> list[dic
 def _opened(row: dict[str, object]) -> float:
     opened = row.get("opened_at")
     return float(opened) if isinstance(opened, int | float) else 0.0
+
+
+def held_transcript(
+    connections: Iterable[LiveConnection], session_id: str
+) -> tuple[dict[str, object], list[dict[str, object]]] | None:
+    """A live session here and its transcript lines not yet in the log (None: no such
+    session in this process)."""
+    for connection in list(connections):
+        row = connection.live()
+        if row is not None and row.get("id") == session_id:
+            lines = [
+                {"seq": seq, "at": _iso(at), "direction": direction, "text": text}
+                for seq, at, direction, text in connection.held_lines()
+            ]
+            return row, lines
+    return None
 
 
 def abort_session(connections: Iterable[LiveConnection], session_id: str) -> bool:
@@ -137,6 +156,12 @@ def take_aborts(directory: Path, connections: Iterable[LiveConnection]) -> None:
         if abort_session(mine, session_id):
             with contextlib.suppress(OSError):
                 (directory / name).unlink()
+
+
+def _iso(at: float) -> str:
+    """As the session log's readers give times: ISO 8601 UTC, milliseconds."""
+    moment = datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
+    return moment.replace("+00:00", "Z")
 
 
 def _alive(pid: int) -> bool:
