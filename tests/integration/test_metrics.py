@@ -279,3 +279,27 @@ async def test_filters_are_counted_by_name(proxy_factory: ProxyFactory, tmp_path
         dict(k[1])["filter"]: v for k, v in got.items() if k[0] == "mailsluice_filter_runs_total"
     }
     assert list(runs.values()) == [1], runs
+
+
+async def test_sessions_after_a_reload_are_counted_and_logged_by_the_new_generation(
+    proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """A reload that changes the log makes a new generation of the services: its
+    sessions' records go to the new log and are counted all the same."""
+    from dataclasses import replace
+
+    admin = {"admin_listen": HostPort("127.0.0.1", 0), "admin_token_file": _token_file(tmp_path)}
+    new_log = tmp_path / "after.jsonl"
+    async with ScriptedMX() as mx, proxy_factory((mx.host, mx.port), settings=admin) as proxy:
+        assert await asyncio.to_thread(_send, proxy.port) == 250
+        result = await proxy.reload(replace(proxy.settings, log=f"jsonl:{new_log}"))
+        assert result.applied, result.error
+        assert await asyncio.to_thread(_send, proxy.port) == 250
+        assert proxy.admin is not None
+        assert proxy.admin.server is not None
+        status, text = await asyncio.to_thread(_get, proxy.admin.server.port, "/metrics", TOKEN)
+        await proxy.shutdown(grace=5)
+    assert status == 200
+    assert value(samples(text), "mailsluice_transactions_total", outcome="delivered") == 2
+    assert new_log.exists()
+    assert '"delivered"' in new_log.read_text()

@@ -83,10 +83,15 @@ async def test_one_scrape_sums_both_workers(tmp_path: Path, fair: bool) -> None:
             def delivered(got: dict) -> bool:  # type: ignore[type-arg]
                 return value(got, "mailsluice_transactions_total", outcome="delivered") == 16
 
-            got = await asyncio.to_thread(_scrape_until, admin, delivered)
-            assert delivered(got), got
+            def ended(got: dict) -> bool:  # type: ignore[type-arg]
+                # a session is counted when it closes, a moment after its transaction
+                return delivered(got) and value(
+                    got, "mailsluice_sessions_total", result="quit"
+                ) == 16  # fmt: skip
+
+            got = await asyncio.to_thread(_scrape_until, admin, ended)
+            assert ended(got), got
             assert value(got, "mailsluice_workers_up") == 2
-            assert value(got, "mailsluice_sessions_total", result="quit") == 16
             assert (await asyncio.to_thread(_get, admin, "/readyz", TOKEN))[0] == 200
             assert (await asyncio.to_thread(_get, admin, "/metrics", None))[0] == 401
             if not fair:

@@ -51,6 +51,7 @@ from mailsluice.runtime.scheduler import (
 )
 from mailsluice.runtime.statefile import StateFile, read_learned
 from mailsluice.runtime.suspensions import Suspensions
+from mailsluice.runtime.workers import hangup_ready
 
 __all__ = ["Broker", "BrokerClient", "broker_address", "run_broker"]
 
@@ -245,6 +246,7 @@ async def _serve_broker(
 
         if reread is not None:
             loop.add_signal_handler(signal.SIGHUP, reload)
+            hangup_ready()  # one sent while the broker started is handled now
         await stop.wait()
         # the workers got the same signal and finish their sessions, which may still
         # need connections: the broker serves until the last has gone (or grace is over)

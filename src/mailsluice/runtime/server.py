@@ -78,7 +78,13 @@ from mailsluice.runtime.sinks import log_url, open_sinks
 from mailsluice.runtime.statefile import StateFile, read_learned, state_path
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsrpt_store import TlsRptStore, store_beside
-from mailsluice.runtime.workers import RESTART, hangup_ignored, log_hangup, supervise
+from mailsluice.runtime.workers import (
+    RESTART,
+    hangup_ignored,
+    hangup_ready,
+    log_hangup,
+    supervise,
+)
 from mailsluice.sessionlog import LogWriter, open_log
 
 log = logging.getLogger("mailsluice.server")
@@ -381,7 +387,7 @@ class Proxy:
                 prepared.writer.start()
             self.services = prepared.apply(current)
             if self.admin is not None:
-                self.admin.follow(self.services)
+                self.admin.renewed(self.services)
             # the generations before, while they have sessions (a writer may be theirs)
             self._older = [g for g in (*self._older, current) if g.live]
             self.settings = prepared.settings
@@ -466,6 +472,7 @@ async def serve(
             destinations.attach(client, worker)
         # after the log writer's process is started, so that it inherits SIGHUP ignored
         loop.add_signal_handler(signal.SIGHUP, proxy.hangup if source is not None else log_hangup)
+        hangup_ready()  # a SIGHUP sent while this worker started is handled now
         print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
         sdnotify.notify("READY=1", f"STATUS=listening on {proxy.listening_on}")  # Type=notify
         await stop.wait()
@@ -499,34 +506,34 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
     state = state_path(settings.state_file, settings.log)
     if settings.admin_listen is None:
-        return _supervise(settings, source, state, None)
+        return _supervise(settings, state, None, source)
     read_token(settings)  # a bad token file stops us here, before any worker
     path = multiproc.enable(state.parent if state is not None else None)
     try:
-        return _supervise(settings, source, state, path)
+        return _supervise(settings, state, path, source)
     finally:
         multiproc.cleanup(path)
 
 
 def _supervise(
     settings: Settings,
-    source: Callable[[], Settings] | None,
     state: Path | None,
     metrics: Path | None,
+    source: Callable[[], Settings] | None,
 ) -> int:
     """The workers, and the helper process: the broker (fair sharing) and/or the admin
     server (``metrics``: the multi-process metrics directory, with ``admin_listen``).
-    ``source``: the configuration read again at SIGHUP (``WorkerSettings``)."""
+    ``source``: the configuration read again at SIGHUP (None: SIGHUP reloads nothing)."""
     fair = settings.fair
+    latest = WorkerSettings(settings, source, fair.enabled)
+    hangup = latest.check if source is not None else None
     on_exit = SupervisorMetrics(metrics).exited if metrics is not None else None
-    reloadable = source is not None
+    reloadable = source is not None  # (POST /api/reload: SIGHUP to the supervisor)
     admin = (
         partial(host_admin, settings, metrics, reloadable=reloadable)
         if metrics is not None
         else None
     )
-    latest = WorkerSettings(settings, source, fair.enabled)
-    hangup = latest.check if source is not None else None
     if not fair.enabled:
         helper = (
             partial(run_admin_process, settings, metrics, reloadable=reloadable)

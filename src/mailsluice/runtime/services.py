@@ -212,9 +212,9 @@ class Services:
         the rest is shared with this one."""
         new = copy.copy(self)
         new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
-        submit = log_writer.submit  # (the records go to this generation's writer)
-        new.submit_record = submit if new.metrics is None else new.metrics.tee(submit)
         new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
+        metrics = self.metrics  # the records go to this generation's writer (and counted)
+        new.submit_record = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
         new.relay_config = _relay_config(settings, mx_tls)
         new._mine, new.drained = set(), None
         return new

@@ -68,6 +68,12 @@ def hangup_ignored() -> Iterator[None]:
         signal.signal(signal.SIGHUP, previous)
 
 
+def hangup_ready() -> None:
+    """The process handles SIGHUP now (its event loop's handler is installed): one held
+    back since it was forked (``supervise``) is delivered."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+
+
 def log_hangup(signum: int = signal.SIGHUP, frame: FrameType | None = None) -> None:
     """The SIGHUP handler where there is nothing to reload: say that it changes nothing."""
     log.warning(HANGUP_NOTICE)
@@ -116,8 +122,11 @@ def supervise(
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # its event loop reloads, later
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_BLOCKED)
+            # SIGHUP stays blocked (pending, not lost: Linux keeps a blocked signal even
+            # while ignored) until the child's event loop handles it (``hangup_ready``):
+            # a reload the supervisor forwards while a worker starts reaches it
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             _stop_with_parent(supervisor)
             code = 1
             try:

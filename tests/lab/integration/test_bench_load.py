@@ -82,7 +82,11 @@ async def test_two_worker_processes_split_and_merge_a_closed_run() -> None:
     assert len(mx.ledger) == 60
     assert sorted(w["worker"] for w in result.workers) == [0, 1]
     assert result.merged.histograms["end-of-data"].get_total_count() == 60
-    assert result.merged.histograms["connect"].get_total_count() == 12  # 5 messages each
+    # up to 5 messages per connection (a client's last one may carry fewer): every
+    # connection the MX saw was timed once
+    connections = result.merged.histograms["connect"].get_total_count()
+    assert connections == len(mx.sessions)
+    assert 12 <= connections < 60
 
 
 async def test_starttls_is_timed_and_a_refused_connection_is_an_error(

@@ -110,6 +110,13 @@ class WorkerMetrics:
         self._services: Services | None = None
         self._sampler: asyncio.Task[None] | None = None
 
+    def renewed(self, services: Services) -> None:
+        """A generation of the services (at start, and after each reload): its TLS
+        verdicts are counted and its counters sampled."""
+        self._services = services
+        if services.mx_tls.gate is not None:
+            services.mx_tls.gate.observe = self.metrics.tls_checked
+
     async def start(
         self,
         services: Services,
@@ -121,9 +128,7 @@ class WorkerMetrics:
         """The proxy listens: count it up, sample its counters, serve (one process).
         ``drain``: stops accepting and lets the sessions finish (``POST /api/drain``);
         ``reload``: reads the configuration again (``POST /api/reload``)."""
-        self._services = services
-        if services.mx_tls.gate is not None:
-            services.mx_tls.gate.observe = self.metrics.tls_checked
+        self.renewed(services)
         self.metrics.listening()
         self.sample()
         if self.registry is not None:
@@ -151,13 +156,6 @@ class WorkerMetrics:
             add_dashboard(add_api(router, context))
             self.server = await _start_server(self._settings, router, self._token)
         self._sampler = group.create_task(self._sample_forever())
-
-    def follow(self, services: Services) -> None:
-        """A reload's next generation of the services: sampled and observed from now on
-        (the live connections, the scheduler and the suspensions are shared by all)."""
-        self._services = services
-        if services.mx_tls.gate is not None:
-            services.mx_tls.gate.observe = self.metrics.tls_checked
 
     def sample(self) -> None:
         services = self._services
