@@ -45,7 +45,9 @@ LAB_MISSING = (
     "installs it, or: .venv/bin/pip install -e lab"
 )
 #: the commands of the product itself: never looked up among the entry points
-BUILT_IN_COMMANDS = frozenset({"serve", "check-config", "sessions", "transcript", "tlsrpt"})
+BUILT_IN_COMMANDS = frozenset(
+    {"serve", "check-config", "sessions", "transcript", "tlsrpt", "ctl", "top"}
+)
 Command = Callable[[list[str]], int]
 
 
@@ -185,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common_log_options(transcript)
     transcript.add_argument("id", help="session id (a unique prefix is enough)")
 
+    from mailsluice.ctl_cli import add_parsers as add_ctl_parsers
+
+    add_ctl_parsers(sub)  # ctl, top: the admin API from a terminal
+
     for name in sorted(set(extra_commands()) | set(LAB_COMMANDS)):
         if name not in sub.choices:
             what = LAB_COMMANDS.get(name, "a command of another distribution")
@@ -275,6 +281,10 @@ def _sessions(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command in ("ctl", "top"):
+        from mailsluice.ctl_cli import run as run_ctl
+
+        return run_ctl(args)
     if args.command == "check-config":
         settings = load_file(args.file)
         from mailsluice.plugins.build import build_filter_chain, build_watchers

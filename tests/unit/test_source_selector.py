@@ -166,3 +166,13 @@ def test_a_reload_keeps_what_was_learned() -> None:
     assert new.penalties() == {"192.0.2.1": 1}
     assert new.out(1000.0) == old.out(1000.0)
     assert _pick(new, now=1001.0) == "192.0.2.9"  # the gmail binding holds
+
+
+def test_a_source_the_operator_suspended_leaves_its_pool_until_the_suspension_ends() -> None:
+    selector = _selector()
+    assert {_pick(selector, now=1000.0) for _ in range(40)} == {"192.0.2.1", "192.0.2.2"}
+    suspended = {"192.0.2.1": 2000.0}  # (runtime.suspensions: source -> until)
+    selector.suspended = lambda: suspended
+    assert {_pick(selector, now=1000.0) for _ in range(40)} == {"192.0.2.2"}
+    assert {_pick(selector, now=2001.0) for _ in range(40)} == {"192.0.2.1", "192.0.2.2"}
+    assert selector.penalties() == {}  # not a reputation penalty

@@ -34,6 +34,21 @@ class Transaction:
     params: tuple[str, ...] = ()  # ESMTP parameters of MAIL FROM, as sent
 
 
+@dataclass(frozen=True, slots=True)
+class LiveView:
+    """One session as the operator sees it while it runs (the admin API)."""
+
+    session_id: str
+    client: str
+    destination: str
+    source_ip: str | None
+    opened_at: float
+    phase: str  # greeting, hello, idle, envelope, waiting, data, closed
+    messages: int  # transactions the MX accepted
+    relayed_bytes: int  # their bytes, and the current message's so far
+    mail_from: str | None  # the current transaction's sender
+
+
 class Account:
     """Everything the session log needs to know about one session."""
 
@@ -82,6 +97,10 @@ class Account:
         self._seq += 1
         self._lines.append((self._seq, now, direction._value_, text))  # not the slow .value
         return len(self._lines) >= CHUNK_LINES
+
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The lines not handed over yet (seq, time, direction, text), for a live look."""
+        return tuple(self._lines)
 
     def take_lines(self) -> TranscriptChunk | None:
         """The lines held since the last call, as one record (None if there are none)."""

@@ -75,6 +75,11 @@ class BodyIntake:
         )
         self._headers = bytearray() if log_headers else None
 
+    @property
+    def size(self) -> int:
+        """Bytes of the body under way so far (0: none)."""
+        return self._scanner.size if self._scanner is not None else 0
+
     def feed(self, data: bytes) -> BodyChunk:
         scanner = self._scanner
         assert scanner is not None

@@ -35,7 +35,7 @@ from typing import assert_never
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.relay.accounting import Account, address_text
+from mailsluice.relay.accounting import Account, LiveView, address_text
 from mailsluice.relay.body import BodyIntake, DataPhase
 from mailsluice.relay.borrowed import BorrowedLease
 from mailsluice.relay.clienttls import ClientStartTls
@@ -83,7 +83,7 @@ class Relay:
     """The state machine of one relayed session; see the module docstring."""
 
     __slots__ = ("_cfg", "_client_desc", "_client_lines", "_client_tls", "_data", "_host",
-                 "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
+                 "_intake", "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
                  "_server_lines",
                  "_state", "_timer", "_upgrade", "_verp")  # fmt: skip
 
@@ -136,7 +136,7 @@ class Relay:
         self._policy = PolicyChecks(state, out, self, enabled=config.tls_checks)
         self._client_tls = ClientStartTls(state, out, self)
         self._verp = Xverp(state, out, self, enabled=config.xverp)
-        intake = BodyIntake(config, out)
+        self._intake = intake = BodyIntake(config, out)
         self._data: DataPhase = (
             FilteredData(state, out, self, intake, config)
             if config.filtering
@@ -162,6 +162,36 @@ class Relay:
         """Replies the client is owed and commands the MX has not answered: the memory a
         pipelining client can make the relay hold (bounded by ``max_in_flight``)."""
         return len(self._state.owed) + len(self._state.awaiting)
+
+    def live(self) -> LiveView:
+        """What the operator sees of the session now (``/api/sessions``)."""
+        state, account = self._state, self._out.account
+        txn = account.transaction
+        phase = state.stage._value_
+        if state.stage is Stage.OPENING:
+            phase = "greeting"
+        elif state.stage is Stage.COMMANDS:
+            if state.link is Link.WANTED:
+                phase = "waiting"  # for a connection (fair sharing)
+            elif txn is not None:
+                phase = "envelope"
+            else:
+                phase = "idle" if account.helo is not None else "hello"
+        elif state.stage is Stage.BODY:
+            phase = "data"
+        client, destination, source_ip = self._client_desc
+        return LiveView(
+            session_id=account.session_id, client=client, destination=destination,
+            source_ip=source_ip, opened_at=account.opened_at, phase=phase,
+            messages=account.messages,
+            relayed_bytes=account.relayed_bytes + (txn.size if txn is not None else 0)
+            + self._intake.size,
+            mail_from=txn.mail_from if txn is not None else None,
+        )  # fmt: skip
+
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The transcript lines not yet in the session log (the admin API's live look)."""
+        return self._out.account.held_lines()
 
     def take_log(self) -> list[act.Action]:
         """The transcript lines held so far, as a ``Log`` action (for tests and tools)."""

@@ -50,6 +50,7 @@ from mailsluice.runtime.scheduler import (
     worker_of,
 )
 from mailsluice.runtime.statefile import StateFile, read_learned
+from mailsluice.runtime.suspensions import Suspensions
 from mailsluice.runtime.workers import hangup_ready
 
 __all__ = ["Broker", "BrokerClient", "broker_address", "run_broker"]
@@ -220,6 +221,8 @@ async def _serve_broker(
     broker = Broker(
         rules=rules, weight=weight, remembered=read_learned(state), destinations=destinations
     )
+    # the operator's suspensions, written by the admin server (``runtime.suspensions``)
+    broker.scheduler.operator_pause = Suspensions.beside(state).declines
     extras = contextlib.AsyncExitStack()  # the admin server, here where the scheduler is
     if admin is not None:
         await extras.enter_async_context(admin(broker.scheduler))

@@ -322,6 +322,23 @@ class ConnectionHandler:
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
 
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The transcript lines the relay holds, not yet in the log."""
+        return self.relay.held_lines() if self.relay is not None else ()
+
+    def live(self) -> dict[str, object] | None:
+        """The session as the admin API shows it (None: no relay, or closed)."""
+        relay = self.relay
+        if relay is None or relay.closed:
+            return None
+        view = relay.live()
+        return {
+            "id": view.session_id, "client": view.client, "tenant": self._services.tenant_of(
+                self._peer), "destination": view.destination, "source": view.source_ip,
+            "phase": view.phase, "opened_at": view.opened_at, "messages": view.messages,
+            "bytes": view.relayed_bytes, "mail_from": view.mail_from,
+        }  # fmt: skip
+
     # ------------------------------------------------------------ actions out
     def _perform(self, actions: list[act.Action]) -> None:
         # Commonest first: this runs for every chunk relayed.

@@ -258,10 +258,11 @@ class WorkerSettings:
         self._shared_fair = shared_fair
 
     def _view(self, settings: Settings) -> Settings:
-        """What a worker runs with: one log for all; the broker's state file."""
+        """What a worker runs with: one log for all; the broker's state file (the workers
+        only read beside it: the suspensions, the TLS caches; ``shared_fair``)."""
         settings = replace(settings, log=log_url(settings))
         if self._shared_fair:
-            settings = replace(settings, state_file=None, shared_fair=True)
+            settings = replace(settings, shared_fair=True)
         return settings
 
     def worker(self) -> Settings:

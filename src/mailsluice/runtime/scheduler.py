@@ -135,6 +135,8 @@ class LocalScheduler:
         self._remembered = dict(remembered or {})
         self._all: dict[DestKey, _Destination] = {}
         self.waits = TenantWaits()  # per tenant, for the metrics (``runtime.admin``)
+        # the operator's suspensions (``runtime.suspensions``): why (key, tenant) waits not
+        self.operator_pause: Callable[[DestKey, str], str | None] | None = None
 
     def _get(self, key: DestKey) -> _Destination:
         destination = self._all.get(key)
@@ -237,7 +239,7 @@ class LocalScheduler:
     # ------------------------------------------------------------------ the line
     def ask(self, key: DestKey, tenant: str, ticket: int) -> None:
         destination = self._get(key)
-        if self._declined(key, destination, ticket):
+        if self._declined(key, destination, ticket, tenant):
             return
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask(tenant, ticket))
@@ -246,7 +248,7 @@ class LocalScheduler:
         """The idle connection a ``Take`` named was gone when it arrived: the ticket asks
         again, first of its tenant (that connection's end was reported with ``gone``)."""
         destination = self._get(key)
-        if self._declined(key, destination, ticket):
+        if self._declined(key, destination, ticket, tenant):
             return
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
@@ -384,9 +386,17 @@ class LocalScheduler:
         return value
 
     # ------------------------------------------------------------------ the pace
-    def _declined(self, key: DestKey, destination: _Destination, ticket: int) -> bool:
+    def _declined(
+        self, key: DestKey, destination: _Destination, ticket: int, tenant: str = ""
+    ) -> bool:
         """While the destination is suspended a transaction does not wait: ``Declined``
-        (the tenant's 451 says why and for how long; the mail stays at its MSA)."""
+        (the tenant's 451 says why and for how long; the mail stays at its MSA). The
+        operator's suspensions (of the tenant or the destination) first."""
+        paused = self.operator_pause(key, tenant) if self.operator_pause is not None else None
+        if paused is not None:
+            destination.tally.declined += 1
+            self.deliver(key, Declined(ticket, paused))
+            return True
         left = destination.pacing.suspended_for(self._clock())
         if left <= 0:
             return False

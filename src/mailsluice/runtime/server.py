@@ -52,6 +52,7 @@ from mailsluice.runtime.admin.host import (
     host_admin,
     read_token,
     run_admin_process,
+    suspensions_of,
 )
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
@@ -173,6 +174,8 @@ class Proxy:
         self.services = _services(
             settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics
         )
+        self.services.use_suspensions(suspensions_of(settings))  # the operator's (admin API)
+        self._draining: asyncio.Task[None] | None = None
         self._reload_source = reload_source
         self._reloading = asyncio.Lock()
         self._retiring = RetiredWriters()  # old generations' writers, until drained
@@ -234,7 +237,8 @@ class Proxy:
         self.services.admission.own_addresses = self.addresses
         if self.admin is not None:
             try:
-                await self.admin.start(self.services, self._group, self._ready)
+                reload = self._api_reload if self._reload_source is not None else None
+                await self.admin.start(self.services, self._group, self._ready, self.drain, reload)
             except OSError:
                 await self._abandon()
                 raise
@@ -251,6 +255,19 @@ class Proxy:
             self._reporting = self._group.create_task(self._tls_results.run())
         log.info("listening on %s (%s)", self.listening_on, self._mode())
         return self
+
+    def drain(self) -> str:
+        """Stop accepting and let the sessions finish (``POST /api/drain``): the
+        shutdown's first part, without exiting (readiness turns 503; SIGTERM then exits)."""
+        if self._draining is None and self.services.admission.accepting and self._group:
+            self._draining = self._group.create_task(self.shutdown())
+        open_now = len(self.services.connections)
+        return f"not accepting; {open_now} sessions finishing (shutdown_grace)"
+
+    async def _api_reload(self) -> tuple[int, dict[str, object]]:
+        """``POST /api/reload``: as SIGHUP; 200 applied, 422 refused (the error says why)."""
+        result = await self.reload_from_source()
+        return (200 if result.applied else 422), {**result.as_json(), "said": result.describe()}
 
     def _ready(self) -> bool:
         return self.services.admission.accepting and bool(self._listeners)
@@ -511,9 +528,18 @@ def _supervise(
     latest = WorkerSettings(settings, source, fair.enabled)
     hangup = latest.check if source is not None else None
     on_exit = SupervisorMetrics(metrics).exited if metrics is not None else None
-    admin = partial(host_admin, settings, metrics) if metrics is not None else None
+    reloadable = source is not None  # (POST /api/reload: SIGHUP to the supervisor)
+    admin = (
+        partial(host_admin, settings, metrics, reloadable=reloadable)
+        if metrics is not None
+        else None
+    )
     if not fair.enabled:
-        helper = partial(run_admin_process, settings, metrics) if metrics is not None else None
+        helper = (
+            partial(run_admin_process, settings, metrics, reloadable=reloadable)
+            if metrics is not None
+            else None
+        )
         return supervise(
             settings.workers, lambda number: _run_one(latest.worker(), None, latest.read),
             helper, on_exit, hangup=hangup,

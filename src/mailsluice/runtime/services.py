@@ -41,6 +41,7 @@ from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.sources import SourceSelector
+from mailsluice.runtime.suspensions import Suspensions
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsresume import Resumption
@@ -60,6 +61,10 @@ class Registered(Protocol):
     """A live connection as the registry sees it."""
 
     def shutdown(self, forced: bool) -> None: ...
+
+    def live(self) -> dict[str, object] | None: ...
+
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]: ...
 
 
 class ConnectionServices(Protocol):
@@ -176,6 +181,7 @@ class Services:
             )  # fmt: skip
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.sources = SourceSelector(settings.sources, settings.outbound_ip)
+        self.suspensions = Suspensions(None)  # the operator's (the proxy's, kept in a file)
         self.tls_context = client_context()
         self.chain_verifier = ChainVerifier()
         self.resumption = Resumption() if settings.tls.resumption else None
@@ -241,6 +247,13 @@ class Services:
     def tenant_of(self, client_ip: str) -> str:
         return self.settings.fair.tenant_of(client_ip)
 
+    def use_suspensions(self, suspensions: Suspensions) -> None:
+        """The operator's suspensions apply here: admission, sources, the scheduler."""
+        self.suspensions = suspensions
+        self.sources.suspended = suspensions.sources
+        if self.destinations is not None and self.destinations.local is not None:
+            self.destinations.local.operator_pause = suspensions.declines
+
     # ----------------------------------------------------------------- routing
     def route(self, sock: socket.socket | None) -> tuple[str, int]:
         """The destination the client meant: the fixed upstream, or SO_ORIGINAL_DST."""
@@ -264,6 +277,10 @@ class Services:
         verdict = self.admission.admit(client_ip, destination, sock)
         if isinstance(verdict, Reply):
             return verdict
+        paused = self.suspensions.refusal_text(self.tenant_of(client_ip), *destination)
+        if paused is not None:  # the operator's suspension: the client tries again later
+            self.admission.release(verdict)
+            return Reply.make(421, "4.7.0", f"{self.settings.relay.hostname} {paused}")
         registry = self._registry
         if registry.unclaimed is not None:
             self.admission.release(registry.unclaimed)

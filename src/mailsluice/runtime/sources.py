@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mailsluice.policy.deferrals import DeferralClass, Rule, classify
 from mailsluice.policy.destrules import DestinationRule, name_matches, recipient_domain
@@ -69,6 +69,8 @@ class SourceSelector:
         self._seen: dict[str, set[str]] = {}  # MX address -> recipient domains a rule names
         self._out: dict[str, dict[str, float]] = {}  # MX address -> {source: until}
         self._penalties: dict[str, int] = {}  # source address -> penalties since start
+        # the operator's suspensions (``runtime.suspensions``): source -> until
+        self.suspended: Callable[[], dict[str, float]] | None = None
 
     # ------------------------------------------------------------ the choice
     def choose(
@@ -100,9 +102,12 @@ class SourceSelector:
             tenant=tenant, client_ip=client_ip, mx_ip=mx_ip, mx_names=self.names.names_of(mx_ip),
             sender=sender_domain(sender) if sender is not None else None, recipients=domains,
         )  # fmt: skip
+        out = self._out.get(mx_ip, {})
+        if self.suspended is not None and (operator := self.suspended()):
+            out = {**out, **operator}
         choice = choose(
             self._settings.rules, self._pools, self._default, situation,
-            draw=self._random.random(), now=now, out=self._out.get(mx_ip, {}), current=current,
+            draw=self._random.random(), now=now, out=out, current=current,
         )  # fmt: skip
         if choice.all_out and choice.source is not None:
             log.warning("sources: every address of pool %s is out for reputation at %s; "

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,12 +32,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from mailsluice.config import ConfigError, Settings, check_admin
-from mailsluice.runtime.admin import multiproc
+from mailsluice.runtime.admin import live, multiproc
+from mailsluice.runtime.admin.api import ApiContext, add_api
 from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
+from mailsluice.runtime.admin.dashboard import add_dashboard
 from mailsluice.runtime.admin.http import AdminServer, Router
 from mailsluice.runtime.admin.routes import Readiness, add_routes
 from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.statefile import state_path
+from mailsluice.runtime.suspensions import Suspensions
 
 __all__ = [
     "SupervisorMetrics",
@@ -46,6 +52,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("mailsluice.admin")
+
+PUBLISH_EVERY = 1.0  # seconds between two snapshots of a worker's sessions (``live``)
 
 
 def read_token(settings: Settings) -> str | None:
@@ -74,7 +82,7 @@ async def _start_server(settings: Settings, router: Router, token: str | None) -
         await server.start(where.host.strip("[]"), where.port)
     except OSError as exc:
         raise OSError(exc.errno, f"admin_listen: cannot listen on {where}: {exc.strerror}") from exc
-    log.info("admin server on %s (/metrics, /healthz, /readyz)", where)
+    log.info("admin server on %s (/metrics, /healthz, /readyz, /api, the dashboard at /)", where)
     return server
 
 
@@ -82,11 +90,19 @@ def _groups(settings: Settings) -> frozenset[str]:
     return frozenset(group.name for group in settings.fair.tenants)
 
 
+def suspensions_of(settings: Settings) -> Suspensions:
+    """The suspensions kept beside the state file (every process reads the same)."""
+    return Suspensions.beside(state_path(settings.state_file, settings.log))
+
+
 class WorkerMetrics:
-    """One worker's metrics: the recorder, its sampler and (``serve``) the server."""
+    """One worker's metrics: the recorder, its sampler and (``serve``) the server; with
+    several workers (no ``serve``) its sessions published for the server (``live``)."""
 
     def __init__(self, settings: Settings, *, serve: bool) -> None:
         self._settings = settings
+        shared = os.environ.get(multiproc.ENV) if not serve else None
+        self._published = Path(shared) if shared else None
         self._token = read_token(settings) if serve else None
         self.registry = CollectorRegistry() if serve else None
         self.metrics = Metrics(self.registry, settings.fair.deferral_rules)
@@ -102,9 +118,16 @@ class WorkerMetrics:
             services.mx_tls.gate.observe = self.metrics.tls_checked
 
     async def start(
-        self, services: Services, group: asyncio.TaskGroup, ready: Callable[[], bool]
+        self,
+        services: Services,
+        group: asyncio.TaskGroup,
+        ready: Callable[[], bool],
+        drain: Callable[[], str] | None = None,
+        reload: Callable[[], Awaitable[tuple[int, dict[str, object]]]] | None = None,
     ) -> None:
-        """The proxy listens: count it up, sample its counters, serve (one process)."""
+        """The proxy listens: count it up, sample its counters, serve (one process).
+        ``drain``: stops accepting and lets the sessions finish (``POST /api/drain``);
+        ``reload``: reads the configuration again (``POST /api/reload``)."""
         self.renewed(services)
         self.metrics.listening()
         self.sample()
@@ -117,6 +140,20 @@ class WorkerMetrics:
                 return (True, "ready") if ready() else (False, "not accepting connections")
 
             router = add_routes(Router(), self.registry, readiness, before_scrape=self.sample)
+            connections = services.connections
+
+            async def abort(session_id: str) -> bool:
+                return live.abort_session(connections, session_id)
+
+            context = ApiContext(
+                suspensions=services.suspensions, registry=self.registry,
+                sessions=lambda: live.live_sessions(connections, time.time()),
+                abort=abort, scheduler=local, drain=drain, reload=reload,
+                held=lambda session_id: live.held_transcript(connections, session_id),
+                log_url=self._settings.log,
+                weights=self._settings.fair.weights(),
+            )  # fmt: skip
+            add_dashboard(add_api(router, context))
             self.server = await _start_server(self._settings, router, self._token)
         self._sampler = group.create_task(self._sample_forever())
 
@@ -133,8 +170,12 @@ class WorkerMetrics:
 
     async def _sample_forever(self) -> None:
         while True:
-            await asyncio.sleep(SAMPLE_EVERY)
+            await asyncio.sleep(SAMPLE_EVERY if self._published is None else PUBLISH_EVERY)
             self.sample()
+            if self._published is not None and self._services is not None:
+                connections = self._services.connections
+                live.publish(self._published, live.live_sessions(connections, time.time()))
+                live.take_aborts(self._published, connections)
 
     async def stop(self) -> None:
         self.sample()
@@ -157,10 +198,15 @@ def workers_up(path: Path) -> int:
 
 @asynccontextmanager
 async def host_admin(
-    settings: Settings, path: Path, scheduler: SchedulerView | None = None
+    settings: Settings,
+    path: Path,
+    scheduler: SchedulerView | None = None,
+    *,
+    reloadable: bool = False,
 ) -> AsyncIterator[AdminServer]:
     """The host's admin server (``--workers N``): every process's metrics summed, and the
-    scheduler's, when it runs in this process."""
+    scheduler's, when it runs in this process. ``reloadable``: the supervisor reloads at
+    SIGHUP (it was started with a configuration file)."""
     token = read_token(settings)
     registry = multiproc.registry(path)
     if scheduler is not None:
@@ -171,26 +217,60 @@ async def host_admin(
         up = workers_up(path)
         return up >= wanted, f"{up} of {wanted} workers up"
 
+    async def abort(session_id: str) -> bool:
+        live.request_abort(path, session_id)
+        for _ in range(int(3 / 0.1)):  # the workers look every PUBLISH_EVERY
+            await asyncio.sleep(0.1)
+            if not (path / f"abort-{session_id}").exists():
+                return True
+        (path / f"abort-{session_id}").unlink(missing_ok=True)
+        return False
+
+    def drain() -> str:
+        os.kill(os.getppid(), signal.SIGTERM)  # the supervisor: the workers drain and exit
+        return (
+            f"the supervisor (pid {os.getppid()}) stops: its workers stop accepting, "
+            "finish their sessions within shutdown_grace and exit"
+        )
+
+    async def reload() -> tuple[int, dict[str, object]]:
+        supervisor = os.getppid()
+        os.kill(supervisor, signal.SIGHUP)  # it checks the file, then every worker reloads
+        return 202, {
+            "applied": None,
+            "requested": f"SIGHUP sent to the supervisor (pid {supervisor}): it checks the "
+            "file (a file that does not validate is refused there), then every worker and "
+            "the broker reload; each logs its result",
+        }
+
     readiness: Readiness = ready
-    server = await _start_server(settings, add_routes(Router(), registry, readiness), token)
+    router = add_routes(Router(), registry, readiness)
+    context = ApiContext(
+        suspensions=suspensions_of(settings), registry=registry,
+        sessions=lambda: live.read_published(path), abort=abort, scheduler=scheduler,
+        drain=drain, reload=reload if reloadable else None, log_url=settings.log,
+        weights=settings.fair.weights(), workers=settings.workers,
+    )  # fmt: skip
+    add_dashboard(add_api(router, context))
+    server = await _start_server(settings, router, token)
     try:
         yield server
     finally:
         await server.close()
 
 
-async def _serve_alone(settings: Settings, path: Path) -> None:
+async def _serve_alone(settings: Settings, path: Path, reloadable: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with host_admin(settings, path):
+    async with host_admin(settings, path, reloadable=reloadable):
         await stop.wait()
 
 
-def run_admin_process(settings: Settings, path: Path) -> int:
+def run_admin_process(settings: Settings, path: Path, *, reloadable: bool = False) -> int:
     """The helper process's main without fair sharing: the admin server alone."""
-    asyncio.run(_serve_alone(settings, path))
+    asyncio.run(_serve_alone(settings, path, reloadable))
     return 0
 
 

@@ -10,7 +10,10 @@ or descriptors. With a token (``admin_token_file``) every route asks for
 
 Routes are added with ``Router.add(method, path, handler)``; a handler is an async
 function from ``Request`` to ``Response``, so the JSON API and the dashboard are more
-routes on the same server (``runtime.admin.routes`` has the first ones).
+routes on the same server (``runtime.admin.routes`` has the first ones, ``api`` the JSON
+API, ``dashboard`` the page). A path may have ``{name}`` segments (``/api/sessions/{id}``:
+``request.params["id"]``); a route added ``public`` needs no token (the dashboard's page
+and script, which hold no data: the page asks for the token and sends it with each call).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import h11
 
@@ -42,6 +45,7 @@ class Request:
     query: str
     headers: Mapping[str, str]  # names in lower case
     body: bytes = b""
+    params: Mapping[str, str] = field(default_factory=dict)  # the path's {name} segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,17 +68,53 @@ class Router:
     """Exact paths to a handler per method (404: no such path; 405: not that method)."""
 
     _routes: dict[str, dict[str, Handler]] = field(default_factory=dict)
+    _public: set[tuple[str, str]] = field(default_factory=set)
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
+    def add(self, method: str, path: str, handler: Handler, *, public: bool = False) -> None:
         by_method = self._routes.setdefault(path, {})
         if method in by_method:
             raise ValueError(f"{method} {path}: already routed")
         by_method[method] = handler
+        if public:
+            self._public.add((method, path))
+
+    def routes(self) -> list[tuple[str, str]]:
+        """Every (method, path pattern) routed."""
+        return sorted((m, p) for p, by_method in self._routes.items() for m in by_method)
+
+    def _match(self, path: str) -> tuple[str, dict[str, str]] | None:
+        if path in self._routes:
+            return path, {}
+        parts = path.split("/")
+        for pattern in self._routes:
+            if "{" not in pattern:
+                continue
+            wanted = pattern.split("/")
+            if len(wanted) != len(parts):
+                continue
+            params: dict[str, str] = {}
+            for want, part in zip(wanted, parts, strict=True):
+                if want.startswith("{") and want.endswith("}") and part:
+                    params[want[1:-1]] = part
+                elif want != part:
+                    break
+            else:
+                return pattern, params
+        return None
+
+    def is_public(self, request: Request) -> bool:
+        found = self._match(request.path)
+        method = "GET" if request.method == "HEAD" else request.method
+        return found is not None and (method, found[0]) in self._public
 
     async def dispatch(self, request: Request) -> Response:
-        by_method = self._routes.get(request.path)
-        if by_method is None:
+        found = self._match(request.path)
+        if found is None:
             return Response.text(404, "not found\n")
+        pattern, params = found
+        by_method = self._routes[pattern]
+        if params:
+            request = replace(request, params=params)
         handler = by_method.get(request.method)
         if handler is None:
             if request.method == "HEAD" and "GET" in by_method:
@@ -150,7 +190,11 @@ class AdminServer:
             return Response.text(exc.error_status_hint, "bad request\n")
         if request is None:
             return None
-        if self._token is not None and not self._authorized(request):
+        if (
+            self._token is not None
+            and not self.router.is_public(request)
+            and not self._authorized(request)
+        ):
             body = b"a bearer token is needed (Authorization: Bearer ...)\n"
             return Response(401, body, headers=(("www-authenticate", 'Bearer realm="mailsluice"'),))
         return await self.router.dispatch(request)

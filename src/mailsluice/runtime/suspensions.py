@@ -1,0 +1,231 @@
+"""The operator's suspensions: a tenant, a destination or a source address, for a while.
+
+Made through the admin API (``POST /api/suspensions``, ``mailsluice ctl suspend``), kept
+in ``suspensions.json`` beside the state file (``destinations.json``), so they survive a
+reload and a restart, each with its expiry (an expired one is dropped when read).
+
+The file is also the channel between processes: with ``--workers N`` the admin server
+runs in the helper process and writes it; every worker (and the broker, where the
+scheduler runs) reads it again when its modification time changed, looked at no more than
+once a second (``RECHECK``). No socket, no message to lose; a worker restarted reads it at
+start. Written whole to a temporary file and renamed, so a reader never sees half.
+
+What a suspension does:
+
+* ``tenant`` (a ``[[tenants]]`` group name, or a client address): its new sessions are
+  refused at the greeting (``421 4.7.0``) and, under fair sharing, its new transactions in
+  sessions already open are declined by the scheduler (``451 4.7.0``: ``ServerDeclined``);
+* ``destination`` (an MX address, ``192.0.2.7`` or ``192.0.2.7:25``): the same for
+  sessions and transactions to it;
+* ``source`` (an outbound address of ``[[source_addresses]]``): out of its pools, as a
+  reputation penalty takes it out (``SourceSelector.suspended``).
+
+The text says who and until when: ``tenant shop suspended by the operator until
+14:05:09 UTC: flood``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["KINDS", "FILE_NAME", "Suspension", "SuspensionError", "Suspensions"]
+
+log = logging.getLogger("mailsluice.suspensions")
+
+Kind = Literal["tenant", "destination", "source"]
+KINDS: tuple[Kind, ...] = ("tenant", "destination", "source")
+FILE_NAME = "suspensions.json"
+RECHECK = 1.0  # seconds between two looks at the file's modification time
+MAX_SECONDS = 30 * 86400.0  # a suspension lasts at most 30 days
+MAX_ACTIVE = 1000
+MAX_TEXT = 200  # characters of a name or a reason
+
+
+class SuspensionError(ValueError):
+    """A request that cannot be a suspension (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    id: str
+    kind: Kind
+    name: str
+    until: float  # epoch seconds
+    reason: str
+    created: float
+
+    def text(self) -> str:
+        """What a refused client reads."""
+        when = time.strftime("%H:%M:%S", time.gmtime(self.until))
+        why = f": {self.reason}" if self.reason else ""
+        return f"{self.kind} {self.name} suspended by the operator until {when} UTC{why}"
+
+    def as_json(self, now: float) -> dict[str, object]:
+        out: dict[str, object] = asdict(self)
+        out["seconds_left"] = round(max(0.0, self.until - now), 1)
+        out["text"] = self.text()
+        return out
+
+
+def _clean(value: object, what: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value.strip() and not empty):
+        raise SuspensionError(f"{what}: a non-empty string is needed")
+    text = value.strip()
+    if len(text) > MAX_TEXT or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise SuspensionError(f"{what}: at most {MAX_TEXT} printable characters")
+    return text
+
+
+def _plain(host: str) -> str:
+    return host.strip("[]").removeprefix("::ffff:")
+
+
+def destination_matches(name: str, host: str, port: int) -> bool:
+    """``name`` (``host`` or ``host:port``, IPv6 in brackets with a port) names this MX."""
+    name = name.strip()
+    if name.startswith("["):
+        inner, _, rest = name[1:].partition("]")
+        return _plain(inner) == _plain(host) and (not rest or rest == f":{port}")
+    if name.count(":") == 1:
+        only, _, wanted = name.partition(":")
+        return only == _plain(host) and wanted == str(port)
+    return _plain(name) == _plain(host)
+
+
+class Suspensions:
+    """The suspensions in force, kept in ``path`` (None: in memory only)."""
+
+    def __init__(self, path: Path | None, clock: Callable[[], float] = time.time) -> None:
+        self._path = path
+        self._clock = clock
+        self._all: dict[str, Suspension] = {}
+        self._mtime: int | None = None
+        self._looked = float("-inf")
+        self.reload()
+
+    @classmethod
+    def beside(cls, state: Path | None) -> Suspensions:
+        """The suspensions kept beside the state file ``state`` (None: in memory)."""
+        return cls(state.parent / FILE_NAME if state is not None else None)
+
+    # ------------------------------------------------------------ reading
+    def reload(self) -> None:
+        """Read the file again (a missing file: none; a broken one: said, none kept)."""
+        path = self._path
+        if path is None:
+            return
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            self._all, self._mtime = {}, None
+            return
+        except OSError as exc:
+            log.warning("suspensions: cannot read %s: %s", path, exc)
+            return
+        if stat.st_mtime_ns == self._mtime:
+            return
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+            found = {row["id"]: Suspension(**row) for row in rows}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("suspensions: %s is not readable (%s): none apply", path, exc)
+            found = {}
+        self._all, self._mtime = found, stat.st_mtime_ns
+
+    def _fresh(self) -> None:
+        now = time.monotonic()
+        if now - self._looked >= RECHECK:
+            self._looked = now
+            self.reload()
+
+    def active(self) -> list[Suspension]:
+        self._fresh()
+        now = self._clock()
+        return sorted((s for s in self._all.values() if s.until > now), key=lambda s: s.until)
+
+    def find(self, kind: Kind, matches: Callable[[str], bool]) -> Suspension | None:
+        if not self._all and self._path is None:
+            return None
+        for suspension in self.active():
+            if suspension.kind == kind and matches(suspension.name):
+                return suspension
+        return None
+
+    def tenant(self, name: str) -> Suspension | None:
+        return self.find("tenant", lambda n: n == name)
+
+    def destination(self, host: str, port: int) -> Suspension | None:
+        return self.find("destination", lambda n: destination_matches(n, host, port))
+
+    def sources(self) -> dict[str, float]:
+        """Source addresses suspended now: address -> until."""
+        return {_plain(s.name): s.until for s in self.active() if s.kind == "source"}
+
+    # ------------------------------------------------------------ changing
+    def add(self, kind: object, name: object, seconds: object, reason: object) -> Suspension:
+        """A new suspension (``SuspensionError`` says what is wrong with the request)."""
+        if kind not in KINDS:
+            raise SuspensionError(f"kind: one of {', '.join(KINDS)}")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise SuspensionError("seconds: a number of seconds is needed")
+        if not 0 < seconds <= MAX_SECONDS:
+            raise SuspensionError(f"seconds: more than 0, at most {MAX_SECONDS:.0f} (30 days)")
+        self.reload()
+        if len(self.active()) >= MAX_ACTIVE:
+            raise SuspensionError(f"at most {MAX_ACTIVE} suspensions at once")
+        now = self._clock()
+        suspension = Suspension(
+            id=secrets.token_hex(4),
+            kind=kind,
+            name=_clean(name, "name"),
+            until=round(now + float(seconds), 3),
+            reason=_clean(reason if reason is not None else "", "reason", empty=True),
+            created=round(now, 3),
+        )
+        self._all[suspension.id] = suspension
+        self._save()
+        log.warning("suspension %s: %s", suspension.id, suspension.text())
+        return suspension
+
+    def remove(self, ident: str) -> Suspension | None:
+        """Resume: the suspension ``ident`` ends now (None: there is no such one)."""
+        self.reload()
+        suspension = self._all.pop(ident, None)
+        if suspension is not None:
+            self._save()
+            log.warning("suspension %s ended by the operator: %s", ident, suspension.text())
+        return suspension
+
+    def _save(self) -> None:
+        now = self._clock()
+        self._all = {k: s for k, s in self._all.items() if s.until > now}
+        path = self._path
+        if path is None:
+            return
+        rows = [asdict(s) for s in self._all.values()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+        self._mtime = path.stat().st_mtime_ns
+
+    # ------------------------------------------------------------ where they apply
+    def refusal_text(self, tenant: str, host: str, port: int) -> str | None:
+        """Why a session or transaction of ``tenant`` to the MX ``host:port`` may not go
+        now (None: it may). ``tenant`` may be the scheduler's ``tenant@worker``."""
+        if not self._all and self._path is None:
+            return None
+        found = self.tenant(tenant.rpartition("@")[0] or tenant) or self.destination(host, port)
+        return found.text() if found is not None else None
+
+    def declines(self, key: tuple[str, str, int], tenant: str) -> str | None:
+        """The scheduler's question (``LocalScheduler.operator_pause``)."""
+        return self.refusal_text(tenant, key[1], key[2])
