@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mailsluice_lab.bench.load.histograms import (
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.unit
 latencies = st.lists(st.floats(0.0, 120.0, allow_nan=False), max_size=200)
 
 
+@settings(max_examples=25)  # three full-range histograms and a codec round trip each: ~0.1 s
 @given(latencies, latencies)
 def test_merging_two_workers_equals_one_histogram_of_all(a: list[float], b: list[float]) -> None:
     one, two, everything = new_histogram(), new_histogram(), new_histogram()
