@@ -383,3 +383,15 @@ def test_other_parameters_still_refuse_an_equals_sign_in_their_value() -> None:
     parsed = parse_command(b"MAIL FROM:<a@b.example> ENVID=a=b")
     assert isinstance(parsed, CommandError)
     assert parsed.reply.code == 555
+
+
+def test_a_source_route_with_a_quote_is_refused() -> None:
+    """Found by fuzzing: the mailbox left after such a route had an unbalanced quote, so
+    its canonical form no longer parsed."""
+    line = b'RCPT TO:<@"r@rle:\\TO@:"ex\\mpl.ex\\mple> NOTIFRe'
+    parsed = parse_command(line)
+    assert isinstance(parsed, CommandError)
+    assert parsed.reply.code == 501
+    ok = parse_command(b"RCPT TO:<@relay.example,@other.example:user@example.org>")
+    assert isinstance(ok, Command)
+    assert ok.address == b"user@example.org"

@@ -122,8 +122,10 @@ def _split_path(rest: bytes) -> tuple[bytes, bytes, bool] | None:
         if tail and tail[:1] not in (b" ", b"\t"):
             return None
         if inner.startswith(b"@"):  # RFC 5321 §4.1.2 source route: keep the mailbox only
-            _, colon, mailbox = inner.partition(b":")
-            if not colon:
+            route, colon, mailbox = inner.partition(b":")
+            # a route is domains only: a quote there would leave the mailbox's quotes
+            # unbalanced, a path that no longer parses on its own (found by fuzzing)
+            if not colon or b'"' in route:
                 return None
             inner = mailbox
         if b"<" in inner or b">" in inner or (inner and not _plausible_mailbox(inner)):
