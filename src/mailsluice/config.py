@@ -15,6 +15,12 @@ from typing import Any, Literal
 
 from mailsluice.fairconfig import FairConfigError, FairSettings
 from mailsluice.fairconfig import parse as parse_fair
+from mailsluice.fleetconfig import (
+    SharedState,
+    SharedStateError,
+    parse_gateway_name,
+    parse_shared_state,
+)
 from mailsluice.logplace import DEFAULT_LOG as DEFAULT_LOG
 from mailsluice.plugins.settings import (
     FilteringSettings,
@@ -118,6 +124,10 @@ class Settings:
     # the admin HTTP server (``runtime.admin``: /metrics, /healthz, /readyz); None = off
     admin_listen: HostPort | None = None
     admin_token_file: str | None = None  # a bearer token, read from this file at start
+    # several gateways, one set of limits (``fleetconfig``, ``runtime.fleet``): the Redis
+    # URL (None: this gateway schedules alone), and this gateway's name (None: the host's)
+    shared_state: SharedState | None = None
+    gateway_name: str | None = None
 
     @property
     def listen_addresses(self) -> tuple[HostPort, ...]:
@@ -189,6 +199,15 @@ def _sink_url(value: str, key: str) -> str:
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from None
     return value
+
+
+def _fleet(key: str, value: str) -> SharedState | str | None:
+    try:
+        if key == "gateway_name":
+            return parse_gateway_name(value)
+        return parse_shared_state(value) if value.strip() else None
+    except SharedStateError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _number(raw: object, key: str, *, minimum: float = 0.0, integer: bool = False) -> float:
@@ -315,6 +334,8 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top["state_file"] = _string(raw, key) or None
             case "admin_listen":
                 top["admin_listen"] = parse_host_port(_string(raw, key), key) if raw else None
+            case "shared_state" | "gateway_name":
+                top[key] = _fleet(key, _string(raw, key))
             case "admin_token_file":
                 top["admin_token_file"] = _string(raw, key) or None
             case "log_queue_limit":

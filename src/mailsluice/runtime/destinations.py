@@ -400,8 +400,8 @@ class Destinations:
     @property
     def local(self) -> LocalScheduler | None:
         """This process's own scheduler (its views, its learned limits), if it has one."""
-        scheduler = self.scheduler
-        return scheduler if isinstance(scheduler, LocalScheduler) else None
+        inner = getattr(self.scheduler, "local", self.scheduler)  # (the fleet's wraps one)
+        return inner if isinstance(inner, LocalScheduler) else None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

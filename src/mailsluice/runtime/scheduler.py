@@ -3,26 +3,19 @@
 The decisions of fair sharing, for all destinations of the host: each destination's
 ``FairShare`` (who gets a slot), its ``LearnedLimit``, the lower limit a deferral rule
 asks for, and what the operator sees (grants, waits, refusals, deferrals). No sockets:
-the connections themselves stay with the worker that has them (``destinations``); this
-only counts and decides, and its directives go back to the worker concerned.
-
-One scheduler serves the whole host: in a single process the workers' ``Destinations``
-call it directly (``LocalScheduler``); with ``--workers N`` it runs in the broker process
-(``broker``) and the workers reach it through a socket, so the limits and the fair
-shares hold for the host, not per worker.
+the connections stay with the worker that has them (``destinations``); this only counts
+and decides, and its orders go back to the worker concerned. One scheduler serves the
+host: called directly in one process, in the broker process with ``--workers N``
+(``broker``); with ``shared_state`` its limit is the fleet's share (``runtime.fleet``).
 
 The ``[[destinations]]`` rules are applied here (``policy.destrules``): the first that
-matches a destination's MX address, the host names that address is known by (``Names``,
-``runtime.names``: resolved in the scheduler's process) or the recipient domain bound to
-it (the first one a worker reported that a domain rule matches) sets its fixed limit, the
-transactions a connection carries (sent with each ``Take``) and its message rate. The
-rate, and a deferral rule's rate or suspension, pace the grants (``policy.pacing``): a
-transaction that may not go yet waits in the waiting room, and a timer (``later``: the
-loop's ``call_later``) fills it again when the next grant is due.
-
-Tenants are keyed as the workers name them (``tenant`` alone in one process,
-``tenant@worker`` with several: a connection lives in one worker, so an idle one can only
-be reused there); weights follow the tenant.
+matches a destination's MX address, its host names (``Names``: resolved in the
+scheduler's process) or the recipient domain bound to it sets its fixed limit, the
+transactions a connection carries (sent with each ``Take``) and its message rate, which
+with a deferral rule's rate or suspension paces the grants (``policy.pacing``; ``later``,
+the loop's ``call_later``, fills the waiting room again when the next grant is due).
+Tenants are keyed as the workers name them (``tenant``, or ``tenant@worker`` with
+several: an idle connection can only be reused in its worker); weights follow the tenant.
 """
 
 from __future__ import annotations
@@ -56,19 +49,9 @@ from mailsluice.runtime.orders import (
 )
 
 __all__ = [  # the orders and the protocol too, where the runtime has always found them
-    "Close",
-    "Declined",
-    "DestKey",
-    "Failed",
-    "LocalScheduler",
-    "Names",
-    "Order",
-    "Scheduler",
-    "Take",
-    "numbered",
-    "tenant_key",
-    "worker_of",
-]
+    "Close", "Declined", "DestKey", "Failed", "LocalScheduler", "Names", "Order", "Scheduler",
+    "Take", "numbered", "tenant_key", "worker_of",
+]  # fmt: skip
 
 log = logging.getLogger("mailsluice.scheduler")
 
@@ -98,6 +81,7 @@ class _Destination:
     cap: int = 0  # a deferral rule's lower limit ...
     cap_until: float = 0.0  # ... until then
     suspended_by: str = ""  # the class of the deferral that suspended it
+    outside: int | None = None  # the limit set from outside (the fleet's share: ``restrict``)
     timer: Cancellable | None = None  # the pace's next grant is due ...
     timer_at: float = 0.0  # ... then
     tally: Tally = field(default_factory=Tally)
@@ -137,6 +121,7 @@ class LocalScheduler:
         self.waits = TenantWaits()  # per tenant, for the metrics (``runtime.admin``)
         # the operator's suspensions (``runtime.suspensions``): why (key, tenant) waits not
         self.operator_pause: Callable[[DestKey, str], str | None] | None = None
+        self.annotate: Callable[[DestKey], dict[str, object]] | None = None  # more to show
 
     def _get(self, key: DestKey) -> _Destination:
         destination = self._all.get(key)
@@ -379,7 +364,20 @@ class LocalScheduler:
     def latency(self, key: DestKey, greeting: float | None, to_354: float | None) -> None:
         self._get(key).tally.latency(greeting, to_354)
 
+    def restrict(self, key: DestKey, value: int | None) -> None:
+        """The limit set from outside (the fleet's share: ``runtime.fleet``; 0: none yet)."""
+        destination = self._get(key)
+        destination.outside = value
+        effective = self._effective(destination, destination.limit.value)
+        self._run(key, destination, self._share(destination).set_limit(effective))
+
+    def share_of(self, key: DestKey) -> tuple[FairShare, int | None] | None:
+        d = self._all.get(key)  # its share, its configured limit
+        return None if d is None else (d.share, d.limit.value if d.limit.fixed else None)
+
     def _effective(self, destination: _Destination, value: int) -> int:
+        if destination.outside is not None:
+            value = max(1, destination.outside)
         if destination.cap and self._clock() < destination.cap_until:
             return max(1, min(value, destination.cap))
         destination.cap = 0
@@ -411,6 +409,8 @@ class LocalScheduler:
         """The destination's fair share, told what its pace lets through now."""
         share = destination.share
         share.allowance = destination.pacing.allowance(self._clock())
+        if destination.outside == 0:  # (the fleet has given it no connection yet)
+            share.allowance = 0
         return share
 
     def _arm(self, key: DestKey, destination: _Destination) -> None:
@@ -495,5 +495,6 @@ class LocalScheduler:
                 "max_messages_per_minute": d.pacing.per_minute(now),
                 "suspended_s": round(d.pacing.suspended_for(now), 1),
                 **d.tally.view(now),
+                **(self.annotate(key) if self.annotate is not None else {}),
             })  # fmt: skip
         return out

@@ -186,6 +186,7 @@ class Proxy:
         self._group: asyncio.TaskGroup | None = None
         self._resolving: asyncio.Task[None] | None = None  # the host rules' names
         self._source_names: asyncio.Task[None] | None = None  # the source rules' MX names
+        self._fleet: asyncio.Task[None] | None = None  # shared_state's link (runtime.fleet)
 
     @property
     def port(self) -> int:
@@ -249,6 +250,8 @@ class Proxy:
         if destinations is not None and destinations.names.needed and not self.settings.shared_fair:
             # (with several workers the broker resolves them, where the scheduler is)
             self._resolving = self._group.create_task(destinations.names.run())
+        if self.services.fleet is not None:  # shared_state: the fleet's leases and limits
+            self._fleet = self._group.create_task(self.services.fleet.run())
         if self.services.sources.names.needed:  # the mx_host names of [[source_rules]]
             self._source_names = self._group.create_task(self.services.sources.names.run())
         if self._tls_results is not None:
@@ -322,6 +325,10 @@ class Proxy:
             await asyncio.sleep(0.05)
         for connection in list(connections):
             connection.shutdown(forced=True)
+        if self._fleet is not None and self.services.fleet is not None:
+            await self.services.fleet.leave()  # the leases go back now, not at their expiry
+            self._fleet.cancel()
+            self._fleet = None
 
     async def __aexit__(
         self,

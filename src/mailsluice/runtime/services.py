@@ -39,6 +39,8 @@ from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import Record
 from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
+from mailsluice.runtime.fleet.join import join
+from mailsluice.runtime.fleet.link import FleetLink
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.suspensions import Suspensions
@@ -117,6 +119,19 @@ class ConnectionServices(Protocol):
     def ended(self, connection: Registered) -> None: ...
 
 
+def _join(destinations: Destinations, settings: Settings) -> FleetLink:
+    """Several gateways, one set of limits: the scheduler under the fleet's leases."""
+    assert destinations.local is not None
+    assert settings.shared_state is not None
+    fleet, link = join(
+        destinations.local, settings.shared_state, gateway=settings.gateway_name,
+        rules=settings.fair.limits, weight=_weights(settings.fair.weights()),
+        clock=destinations.clock,
+    )  # fmt: skip
+    destinations.scheduler = fleet
+    return link
+
+
 def _weights(table: dict[str, float]) -> Callable[[str], float]:
     return lambda tenant: table.get(tenant, 1.0)
 
@@ -172,6 +187,7 @@ class Services:
         self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
         self.relay_config = _relay_config(settings, self.mx_tls)
         self.destinations: Destinations | None = None
+        self.fleet: FleetLink | None = None  # shared_state: the link to the fleet's state
         if fair.enabled:
             self.destinations = Destinations(
                 rules=fair.limits, weight=_weights(fair.weights()),
@@ -179,6 +195,8 @@ class Services:
                 max_transactions=fair.max_transactions, forget_outbound=admission.outbound.discard,
                 destinations=fair.destinations, remembered=remembered,
             )  # fmt: skip
+            if settings.shared_state is not None and not settings.shared_fair:
+                self.fleet = _join(self.destinations, settings)  # one set of limits
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.sources = SourceSelector(settings.sources, settings.outbound_ip)
         self.suspensions = Suspensions(None)  # the operator's (the proxy's, kept in a file)

@@ -1,0 +1,193 @@
+"""The link between a gateway's ``FleetScheduler`` and the shared state (Redis).
+
+``FleetLink.run`` (a task of the proxy's TaskGroup) does three things, each bounded:
+
+* *reports*: whenever the scheduler has something to report (``kick``), every pending
+  destination's ``SYNC`` goes out in one pipeline (one round trip), and the answers come
+  back to the scheduler; at most one pipeline is in flight, so what happens meanwhile is
+  reported together with the next;
+* *heartbeats*: every second the active destinations report (their leases are renewed;
+  a gateway that stops renewing loses them within ``LEASE_TTL``); while the shared state
+  is out of reach, a ``PING`` instead, and the scheduler rejoins when it answers;
+* *wake-ups*: a subscription to this gateway's channel, on which another gateway's
+  ``SYNC`` names a destination where this one should act now (leases free for it, or
+  more held here than its target while another waits): reported at once.
+
+No call waits on Redis longer than ``DEADLINE``: a slower answer is a lost one, and the
+scheduler falls back to local shares (``FleetScheduler.lost``). Redis's clock decides
+lease expiry (``TIME`` in the script), never the gateways'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from redis import asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import NoScriptError, RedisError
+
+from mailsluice.fleetconfig import SharedState
+from mailsluice.runtime.fleet.scheduler import FleetScheduler
+from mailsluice.runtime.fleet.scripts import SYNC
+from mailsluice.runtime.orders import DestKey
+
+__all__ = ["DEADLINE", "FleetLink", "PREFIX", "connect", "dest_name"]
+
+log = logging.getLogger("mailsluice.fleet")
+
+DEADLINE = 0.25  # seconds any call to the shared state may take
+HEARTBEAT = 1.0  # seconds between renewals (and, when lost, between tries)
+PREFIX = "mailsluice"
+
+
+def dest_name(key: DestKey) -> str:
+    source, host, port = key
+    return f"{source}|{host}|{port}"
+
+
+def _dest_key(name: str) -> DestKey | None:
+    source, host, port = ([*name.split("|"), "", "", ""])[:3]
+    return (source, host, int(port)) if port.isdigit() else None
+
+
+def connect(state: SharedState) -> aioredis.Redis:
+    """A client of the shared state (not connected yet: the first call connects)."""
+    password = state.password
+    if state.password_file:
+        password = Path(state.password_file).read_text(encoding="utf-8").strip()
+    options: dict[str, Any] = {
+        "db": state.db, "password": password, "socket_timeout": DEADLINE,
+        "socket_connect_timeout": DEADLINE, "decode_responses": True,
+    }  # fmt: skip
+    if state.service is not None:
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(state.hosts), sentinel_kwargs={"password": password, "socket_timeout": DEADLINE},
+            ssl=state.tls, **options,
+        )  # fmt: skip
+        client: aioredis.Redis = sentinel.master_for(state.service)
+        return client
+    host, port = state.hosts[0]
+    return aioredis.Redis(host=host, port=port, ssl=state.tls, **options)
+
+
+class FleetLink:
+    """See the module docstring."""
+
+    def __init__(self, scheduler: FleetScheduler, client: aioredis.Redis, prefix: str = PREFIX):
+        self.scheduler = scheduler
+        self.client = client
+        self.prefix = prefix
+        self._sha: str | None = None  # the script, once loaded
+        self._wanted = asyncio.Event()
+        scheduler.kick = self._wanted.set
+        self.calls = 0  # round trips made (pipelines and pings)
+
+    def key(self, dest: DestKey) -> str:
+        return f"{self.prefix}:dest:{{{dest_name(dest)}}}"
+
+    @property
+    def channel(self) -> str:
+        return f"{self.prefix}:wake:{self.scheduler.gateway}"
+
+    async def run(self) -> None:
+        """Until cancelled (the proxy's shutdown)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._reporting())
+                group.create_task(self._beating())
+                group.create_task(self._listening())
+        finally:
+            await self.client.aclose()
+
+    async def _reporting(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            if not self.scheduler.down:
+                await self.report(self.scheduler.pending())
+
+    async def report(self, keys: Iterable[DestKey]) -> bool:
+        """One round trip: every destination in ``keys`` reports; False if it failed."""
+        scheduler = self.scheduler
+        keys = list(keys)
+        if not keys:
+            return True
+        requests = [json.dumps(scheduler.request(dest)) for dest in keys]
+        try:
+            async with asyncio.timeout(DEADLINE):
+                try:
+                    answers = await self._send(keys, requests)
+                except NoScriptError:  # a Redis that restarted (empty): load it again
+                    self._sha = None
+                    answers = await self._send(keys, requests)
+        except (RedisError, OSError, TimeoutError) as exc:
+            scheduler.lost(_reason(exc))
+            return False
+        for dest, answer in zip(keys, answers, strict=True):
+            scheduler.answered(dest, json.loads(answer))
+        return True
+
+    async def _send(self, keys: list[DestKey], requests: list[str]) -> list[Any]:
+        if self._sha is None:
+            self.calls += 1
+            self._sha = str(await self.client.script_load(SYNC))
+        channels = f"{self.prefix}:wake:"
+        pipe = self.client.pipeline(transaction=False)
+        for dest, request in zip(keys, requests, strict=True):
+            pipe.evalsha(self._sha, 1, self.key(dest), request, channels, dest_name(dest))
+        self.calls += 1
+        return list(await pipe.execute())
+
+    async def leave(self) -> None:
+        """Shutdown: what is left is reported (the leases of closed connections go back)."""
+        if not self.scheduler.down:
+            self.scheduler.renew()
+            await self.report(self.scheduler.pending())
+
+    async def _beating(self) -> None:
+        scheduler = self.scheduler
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            if scheduler.down:
+                scheduler.tick()
+                try:
+                    async with asyncio.timeout(DEADLINE):
+                        self.calls += 1
+                        await self.client.ping()
+                except (RedisError, OSError, TimeoutError):
+                    continue
+                scheduler.rejoined()
+            else:
+                scheduler.renew()
+                self._wanted.set()
+
+    async def _listening(self) -> None:
+        """Wake-ups on this gateway's channel; subscribed again after a loss."""
+        while True:
+            try:
+                async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    async with asyncio.timeout(DEADLINE):
+                        await pubsub.subscribe(self.channel)
+                    while True:
+                        message = await pubsub.get_message(timeout=HEARTBEAT)
+                        if message is not None:
+                            self._woken(message.get("data"))
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.debug("fleet wake-ups: %s; subscribing again", _reason(exc))
+                await asyncio.sleep(HEARTBEAT)
+
+    def _woken(self, data: object) -> None:
+        dest = _dest_key(data) if isinstance(data, str) else None
+        if dest is not None and not self.scheduler.down:
+            self.scheduler.wake(dest)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {DEADLINE:g} s"
+    return str(exc) or type(exc).__name__
