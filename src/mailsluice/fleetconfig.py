@@ -65,7 +65,7 @@ def parse_shared_state(url: str) -> SharedState:
             f"redis+sentinel:// ({_EXAMPLE})"
         )
     netloc = parts.netloc
-    password: str | None = field(default=None, repr=False)
+    password: str | None = None
     if "@" in netloc:
         auth, _, netloc = netloc.rpartition("@")
         password = unquote(auth.partition(":")[2] if ":" in auth else auth) or None

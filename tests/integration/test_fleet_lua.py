@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis import Redis
+from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
 from mailsluice.policy.fleetshare import Demand, allocate, lease
 from mailsluice.policy.learned import LearnedLimit, LimitRules
 from mailsluice.runtime.fleet.scripts import ALLOCATE_TEST, LEARN_TEST
-from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -64,13 +64,16 @@ def test_allocation_and_leases_match_the_model(
     expected = allocate(limit, tenants, quantum)
     assert dict(answer["given"] or []) == expected
     assert sum(expected.values()) <= limit
-    want = [lease(limit=a, target=b, held=c, others=d, in_use=e, bound=f) for a, b, c, d, e, f in rows]
+    want = [
+        lease(limit=a, target=b, held=c, others=d, in_use=e, bound=f) for a, b, c, d, e, f in rows
+    ]
     assert (answer["leases"] or []) == want
 
 
 steps = st.lists(
-    st.tuples(st.sampled_from(["r", "a", "a", "a", "a"]), st.integers(2, 6),
-              st.integers(0, 200_000)),
+    st.tuples(
+        st.sampled_from(["r", "a", "a", "a", "a"]), st.integers(2, 6), st.integers(0, 200_000)
+    ),
     max_size=60,
 )
 

@@ -229,12 +229,13 @@ class FairShare:
         out: list[Directive] = []
         while self._tickets and self.allowance != 0:
             room = self._on_the_way()  # each covers one waiting ticket
+            over = self.in_use - self._closing() > self._limit  # a lowered limit: drain
             granted = False
             ahead: dict[str, int] = {}  # the tenant's tickets before this one in line
             for tenant in self._line():
                 k = ahead[tenant] = ahead.get(tenant, -1) + 1
                 record = self._tenants[tenant]
-                if record.idle:  # its own idle connection: no dial, no new slot
+                if record.idle and not over:  # its own idle connection: no dial, no new slot
                     record.idle -= 1
                     out.append(self._grant(tenant, reuse=True))
                     granted = True

@@ -62,6 +62,7 @@ class _Dest:
     fallback: bool = False
     fallback_since: float = 0.0
     fallbacks: int = 0
+    steady_at: float = 0.0  # no growth before then (the fleet's state is being rebuilt)
 
 
 class FleetScheduler:
@@ -265,14 +266,20 @@ class FleetScheduler:
         dest = self._all[key]
         if dest.limit and answer["limit"] < dest.limit:
             log.info("destination %s: the fleet's limit is now %d", key, answer["limit"])
+        fresh = bool(answer.get("fresh")) and bool(dest.limit or dest.bound)
         dest.limit, dest.alive = int(answer["limit"]), max(1, int(answer["alive"]))
         dest.lease, dest.target = int(answer["lease"]), int(answer["target"])
         dest.in_use = int(answer["in_use"])
         alloc = answer.get("alloc")
         dest.alloc = dict(alloc) if isinstance(alloc, dict) else {}
-        if dest.fallback:
-            dest.fallback = False
-        self._bind(key, dest, min(dest.target, dest.lease))
+        now = self._clock()
+        if fresh:  # Redis lost what it had (restarted empty): nothing known of the others
+            dest.steady_at = now + LEASE_TTL
+        dest.fallback = False
+        bound = min(dest.target, dest.lease)
+        if now < dest.steady_at:  # until every live gateway has reported what it holds
+            bound = min(bound, dest.bound)
+        self._bind(key, dest, bound)
         self._touched(key)  # (leases to give back now: reported again)
 
     def lost(self, reason: str) -> None:
@@ -291,10 +298,11 @@ class FleetScheduler:
     def _fall_back(self, key: DestKey, dest: _Dest, now: float) -> None:
         dest.fallback, dest.fallback_since = True, now
         dest.fallbacks += 1
-        self._bind(key, dest, min(self._share(dest), dest.lease))
+        self._bind(key, dest, min(self._share(key, dest), dest.lease))
 
-    def _share(self, dest: _Dest) -> int:
-        return fallback_share(dest.limit or self.rules.start, dest.alive)
+    def _share(self, key: DestKey, dest: _Dest) -> int:
+        limit = self._configured(key) or dest.limit or self.rules.start
+        return fallback_share(limit, dest.alive)
 
     def tick(self) -> None:
         """Every second: a fallback past a lease's life takes its whole local share."""
@@ -303,7 +311,7 @@ class FleetScheduler:
         now = self._clock()
         for key, dest in self._all.items():
             if dest.fallback and now - dest.fallback_since >= LEASE_TTL:
-                self._bind(key, dest, self._share(dest))
+                self._bind(key, dest, self._share(key, dest))
 
     def rejoined(self) -> None:
         """The shared state answers again: every destination reports (its local share
@@ -312,8 +320,10 @@ class FleetScheduler:
             return
         self.down = False
         log.warning("shared state reachable again: the fleet's limits apply")
+        steady_at = self._clock() + LEASE_TTL  # the others rejoin within a heartbeat or so
         for dest in self._all.values():
             dest.dirty = True
+            dest.steady_at = steady_at
         self.kick()
 
     # ------------------------------------------------------------------ what is shown

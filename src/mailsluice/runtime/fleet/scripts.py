@@ -160,8 +160,10 @@ for _, tn in ipairs(names) do
     left = left - take
   end
 end
+local fresh = 0
+if not raw then fresh = 1 end
 local answer = {limit = limit, learned = st.limit, refusals = st.refusals or 0,
-                alive = #gwnames, in_use = total_u, target = 0, lease = 0}
+                alive = #gwnames, in_use = total_u, target = 0, lease = 0, fresh = fresh}
 if req.leave ~= 1 then
   local mine = st.gws[me]
   local others = 0

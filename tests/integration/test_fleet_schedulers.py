@@ -1,0 +1,154 @@
+"""Two gateways' schedulers sharing one destination through a real redis-server.
+
+The workers are simulated (``tests.support.fleet_sim``); the schedulers, the Lua and the
+link are the product's. The simulated MX counts the fleet's connections at every dial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tests.support.fleet_sim import SimGateway, SimMx
+from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
+
+from mailsluice.policy.learned import LimitRules
+from mailsluice.runtime.fleet.scheduler import LEASE_TTL
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _spread(done: dict[str, int]) -> float:
+    return max(done.values()) / max(1, min(done.values()))
+
+
+async def test_two_gateways_share_one_limit_max_min(redis_server: RedisServer) -> None:  # noqa: F811
+    """Tenants 1-2 behind A, tenant 3 behind B, 8 transactions at once each, limit 4: the
+    fleet never holds more than 4 and the three tenants are served alike."""
+    mx = SimMx()
+    a = SimGateway("gw-a", redis_server.url, mx, fixed=4)
+    b = SimGateway("gw-b", redis_server.url, mx, fixed=4)
+    until = time.monotonic() + 6
+    async with asyncio.TaskGroup() as group:
+        a.start(group)
+        b.start(group)
+        a.tenant(group, "t1", 8, until)
+        a.tenant(group, "t2", 8, until)
+        b.tenant(group, "t3", 8, until)
+        await asyncio.sleep(6.5)
+        a.stop()
+        b.stop()
+    done = {**a.done, **b.done}
+    assert mx.peak <= 4
+    assert set(done) == {"t1", "t2", "t3"}
+    assert _spread(done) < 1.15, done
+    assert a.link_view()["gateways"] == 2
+
+
+async def test_a_capacity_refusal_lowers_the_limit_for_every_gateway(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """The MX allows 3; the fleet starts at 5: a refusal seen by one gateway sets the
+    fleet's limit to what the fleet had up, and the other gateway keeps under it too."""
+    mx = SimMx(limit=3)
+    rules = LimitRules(start=5, quiet=600.0)
+    a = SimGateway("gw-a", redis_server.url, mx, rules=rules)
+    b = SimGateway("gw-b", redis_server.url, mx, rules=rules)
+    until = time.monotonic() + 4
+    async with asyncio.TaskGroup() as group:
+        a.start(group)
+        b.start(group)
+        a.tenant(group, "t1", 6, until)
+        b.tenant(group, "t2", 6, until)
+        await asyncio.sleep(1.5)
+        refused = mx.refused
+        await asyncio.sleep(3)
+        a.stop()
+        b.stop()
+    assert a.link_view()["fleet_limit"] == 3
+    assert b.link_view()["fleet_limit"] == 3
+    assert refused >= 1
+    assert mx.refused - refused <= 1  # learned once, for both
+    assert a.done
+    assert b.done
+    assert a.failed == b.failed == 0
+
+
+async def test_a_gateway_that_dies_loses_its_leases(redis_server: RedisServer) -> None:  # noqa: F811
+    """A stops without a word (SIGKILL): within a lease's life B holds the whole limit."""
+    mx = SimMx()
+    a = SimGateway("gw-a", redis_server.url, mx, fixed=4)
+    b = SimGateway("gw-b", redis_server.url, mx, fixed=4)
+    until = time.monotonic() + 12
+    async with asyncio.TaskGroup() as group:
+        a.start(group)
+        b.start(group)
+        a.tenant(group, "t1", 8, until)
+        b.tenant(group, "t3", 8, until)
+        await asyncio.sleep(2)
+        assert 1 <= mx.by_gateway["gw-b"] <= 3
+        a.stop()
+        await asyncio.sleep(LEASE_TTL + 2.5)
+        assert mx.by_gateway["gw-b"] == 4
+        assert b.link_view()["gateways"] == 1
+        b.stop()
+    assert mx.peak <= 4
+
+
+async def test_without_redis_each_falls_back_to_its_share_and_rejoins(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """Redis stops: mail goes on, each gateway under the limit over the gateways last seen
+    alive (2 each of 4), shown as ``fallback``; Redis comes back empty: they rejoin."""
+    mx = SimMx()
+    a = SimGateway("gw-a", redis_server.url, mx, fixed=4)
+    b = SimGateway("gw-b", redis_server.url, mx, fixed=4)
+    until = time.monotonic() + 16
+    async with asyncio.TaskGroup() as group:
+        a.start(group)
+        b.start(group)
+        a.tenant(group, "t1", 8, until)
+        a.tenant(group, "t2", 8, until)
+        b.tenant(group, "t3", 8, until)
+        await asyncio.sleep(2)
+        redis_server.stop()
+        await asyncio.sleep(2)
+        assert a.link_view()["mode"] == b.link_view()["mode"] == "fallback"
+        before = sum(a.done.values()) + sum(b.done.values())
+        await asyncio.sleep(LEASE_TTL + 1)
+        assert a.link_view()["share"] == b.link_view()["share"] == 2
+        assert sum(a.done.values()) + sum(b.done.values()) > before  # mail goes on
+        redis_server.start()  # empty
+        await asyncio.sleep(3)
+        assert a.link_view()["mode"] == b.link_view()["mode"] == "shared"
+        assert a.link_view()["fleet_limit"] == 4
+        assert a.fleet.fallbacks == b.fleet.fallbacks == 1
+        a.stop()
+        b.stop()
+    assert mx.peak <= 4
+
+
+async def test_a_redis_slower_than_the_deadline_is_a_lost_one(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """Redis frozen (SIGSTOP): no transaction waits on it; fallback within the deadline."""
+    mx = SimMx()
+    a = SimGateway("gw-a", redis_server.url, mx, fixed=4)
+    until = time.monotonic() + 6
+    async with asyncio.TaskGroup() as group:
+        a.start(group)
+        a.tenant(group, "t1", 4, until)
+        await asyncio.sleep(1.5)
+        redis_server.freeze()
+        try:
+            await asyncio.sleep(2)
+            assert a.link_view()["mode"] == "fallback"
+            before = sum(a.done.values())
+            await asyncio.sleep(1)
+            assert sum(a.done.values()) > before
+        finally:
+            redis_server.thaw()
+        await asyncio.sleep(2.5)
+        assert a.link_view()["mode"] == "shared"
+        a.stop()
