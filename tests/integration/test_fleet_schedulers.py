@@ -66,10 +66,10 @@ async def test_a_capacity_refusal_lowers_the_limit_for_every_gateway(
         await asyncio.sleep(3)
         a.stop()
         b.stop()
-    assert a.link_view()["fleet_limit"] == 3
-    assert b.link_view()["fleet_limit"] == 3
+    # what the fleet had up when refused: 3, or 2 when a report was late (never above)
+    assert a.link_view()["fleet_limit"] == b.link_view()["fleet_limit"] in (2, 3)
     assert refused >= 1
-    assert mx.refused - refused <= 1  # learned once, for both
+    assert mx.refused - refused <= 1  # learned for both, not again by the other
     assert a.done
     assert b.done
     assert a.failed == b.failed == 0

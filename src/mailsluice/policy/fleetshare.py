@@ -17,10 +17,10 @@ connections each gateway may hold:
 * a gateway's *target* is the sum of its tenants' allocations (a tenant seen at two
   gateways, while routing moves it, has its allocation split between them in the order
   of their names, each up to what it wants there);
-* ``lease``: what a gateway holds after asking: up to its target if the fleet has leases
-  free, never below what it has open (``in_use``) nor the bound it is working under
-  (``bound``: it may have granted up to that while the question was on its way), so the
-  leases held always cover every connection that exists;
+* ``lease``: what a gateway holds after asking: up to its target as far as the other
+  gateways' leases leave room under the limit, never below what it has open (``in_use``)
+  nor the bound it is working under (``bound``: it may have granted up to that while the
+  question was on its way), so the leases held always cover every connection that exists;
 * ``fallback_share``: without the shared state, the limit divided by the gateways last
   seen alive (at least one connection each).
 
@@ -75,11 +75,11 @@ def allocate(limit: int, tenants: Mapping[str, Demand], quantum: float = QUANTUM
     return given
 
 
-def lease(*, limit: int, target: int, held: int, others: int, in_use: int, bound: int) -> int:
-    """The leases a gateway holds after asking (see the module docstring): ``held`` now,
-    ``others`` held by the other gateways."""
-    free = max(0, limit - others - held)
-    return max(min(target, held + free), in_use, bound)
+def lease(*, limit: int, target: int, others: int, in_use: int, bound: int) -> int:
+    """The leases a gateway holds after asking (see the module docstring), ``others``
+    held by the other gateways: its target as far as the limit leaves room (a lowered
+    limit takes back what is unused), never less than it uses or may use now."""
+    return max(min(target, max(0, limit - others)), in_use, bound)
 
 
 def fallback_share(limit: int, gateways: int) -> int:

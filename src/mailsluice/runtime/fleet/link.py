@@ -42,6 +42,7 @@ log = logging.getLogger("mailsluice.fleet")
 
 DEADLINE = 0.25  # seconds any call to the shared state may take
 HEARTBEAT = 1.0  # seconds between renewals (and, when lost, between tries)
+STARTUP = 2.0  # seconds the first connection may take (the gateway waits for it)
 PREFIX = "mailsluice"
 
 
@@ -96,6 +97,11 @@ class FleetLink:
 
     async def run(self) -> None:
         """Until cancelled (the proxy's shutdown)."""
+        try:  # the first connection and the script's load, outside the deadline
+            async with asyncio.timeout(STARTUP):
+                self._sha = str(await self.client.script_load(SYNC))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.scheduler.lost(_reason(exc))
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._reporting())

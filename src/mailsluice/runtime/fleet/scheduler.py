@@ -209,7 +209,8 @@ class FleetScheduler:
             return
         in_use, tenants = self._demand(key)
         cap = dest.limit or self.rules.ceiling
-        signature = (in_use, dest.bound, tuple((r[0], min(r[2] + r[3], cap)) for r in tenants))
+        signature = (in_use, len(dest.up), dest.bound,
+                     tuple((r[0], min(r[2] + r[3], cap)) for r in tenants))  # fmt: skip
         if signature != dest.signature or dest.lease > max(in_use, dest.bound):
             dest.dirty = True
         if dest.dirty and not self.down:
@@ -248,7 +249,8 @@ class FleetScheduler:
         served, dest.served = dest.served, {}
         rows = [[*row, served.pop(row[0], 0.0)] for row in tenants]
         cap = dest.limit or self.rules.ceiling
-        dest.signature = (in_use, dest.bound, tuple((r[0], min(r[2] + r[3], cap)) for r in rows))
+        dest.signature = (in_use, len(dest.up), dest.bound,
+                          tuple((r[0], min(r[2] + r[3], cap)) for r in rows))  # fmt: skip
         dest.dirty = False
         rules = self.rules
         request = {
@@ -266,14 +268,14 @@ class FleetScheduler:
         dest = self._all[key]
         if dest.limit and answer["limit"] < dest.limit:
             log.info("destination %s: the fleet's limit is now %d", key, answer["limit"])
-        fresh = bool(answer.get("fresh")) and bool(dest.limit or dest.bound)
+        fresh = bool(answer.get("fresh")) and dest.bound > 0
         dest.limit, dest.alive = int(answer["limit"]), max(1, int(answer["alive"]))
         dest.lease, dest.target = int(answer["lease"]), int(answer["target"])
         dest.in_use = int(answer["in_use"])
         alloc = answer.get("alloc")
         dest.alloc = dict(alloc) if isinstance(alloc, dict) else {}
         now = self._clock()
-        if fresh:  # Redis lost what it had (restarted empty): nothing known of the others
+        if fresh:  # the fleet had lost this gateway's record: perhaps the others' too
             dest.steady_at = now + LEASE_TTL
         dest.fallback = False
         bound = min(dest.target, dest.lease)
@@ -320,10 +322,8 @@ class FleetScheduler:
             return
         self.down = False
         log.warning("shared state reachable again: the fleet's limits apply")
-        steady_at = self._clock() + LEASE_TTL  # the others rejoin within a heartbeat or so
         for dest in self._all.values():
             dest.dirty = True
-            dest.steady_at = steady_at
         self.kick()
 
     # ------------------------------------------------------------------ what is shown

@@ -41,9 +41,8 @@ local function allocate(limit, names, wants, held, weight, served, quantum)
   return given
 end
 
-local function lease(limit, target, held, others, in_use, bound)
-  local free = math.max(0, limit - others - held)
-  return math.max(math.min(target, held + free), in_use, bound)
+local function lease(limit, target, others, in_use, bound)
+  return math.max(math.min(target, math.max(0, limit - others)), in_use, bound)
 end
 
 -- policy.learned.LearnedLimit: refused(open, now) and accepted(in_use, now), n times
@@ -85,6 +84,10 @@ if st.limit == nil then
   if req.known > 0 then st.limit = req.known else st.limit = req.start end
 end
 local me = req.gw
+-- this gateway's record was lost (Redis restarted empty, or unreachable past a lease's
+-- life): what the others hold may be unknown too
+local fresh = 0
+if st.gws[me] == nil or st.gws[me].exp < now then fresh = 1 end
 -- the gateways whose leases expired are gone, with their leases and their demand
 for name, g in pairs(st.gws) do
   if name ~= me and g.exp < now then st.gws[name] = nil end
@@ -101,11 +104,14 @@ end
 -- the learned limit, for the fleet
 local fixed = req.fixed
 if req.refused >= 0 then
-  local open = req.refused
+  -- what the MX had of the fleet: the connections up (as last reported), or the leases
+  -- but the refused one's (every connection holds one; fresher than the reports)
+  local open, leased = req.refused, -1
   for name, g in pairs(st.gws) do
     if name ~= me then open = open + g.up end
+    leased = leased + g.lease
   end
-  refused(st, open, now, req.floor, fixed)
+  refused(st, math.max(open, leased), now, req.floor, fixed)
 end
 local total_u = 0
 for _, g in pairs(st.gws) do total_u = total_u + g.u end
@@ -160,8 +166,6 @@ for _, tn in ipairs(names) do
     left = left - take
   end
 end
-local fresh = 0
-if not raw then fresh = 1 end
 local answer = {limit = limit, learned = st.limit, refusals = st.refusals or 0,
                 alive = #gwnames, in_use = total_u, target = 0, lease = 0, fresh = fresh}
 if req.leave ~= 1 then
@@ -170,7 +174,7 @@ if req.leave ~= 1 then
   for name, g in pairs(st.gws) do
     if name ~= me then others = others + g.lease end
   end
-  mine.lease = lease(limit, target[me], mine.lease, others, req.u, req.bound)
+  mine.lease = lease(limit, target[me], others, req.u, req.bound)
   answer.target = target[me]
   answer.lease = mine.lease
 end
@@ -215,7 +219,7 @@ local out = {}
 for _, tn in ipairs(names) do out[#out + 1] = {tn, given[tn]} end
 local leases = {}
 for _, row in ipairs(req.leases or {}) do
-  leases[#leases + 1] = lease(row[1], row[2], row[3], row[4], row[5], row[6])
+  leases[#leases + 1] = lease(row[1], row[2], row[3], row[4], row[5])
 end
 return cjson.encode({given = out, leases = leases})
 """

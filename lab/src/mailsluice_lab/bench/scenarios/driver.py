@@ -33,7 +33,13 @@ from typing import Any
 
 from mailsluice_lab.bench.report import machine_info
 from mailsluice_lab.bench.scenarios import postfix, topology
-from mailsluice_lab.bench.scenarios.runner import VARIANTS, RunConfig, VariantRun, run_variant
+from mailsluice_lab.bench.scenarios.runner import (
+    FLEET_VARIANTS,
+    VARIANTS,
+    RunConfig,
+    VariantRun,
+    run_variant,
+)
 from mailsluice_lab.bench.scenarios.schedule import Plan
 from mailsluice_lab.bench.scenarios.stats import ordered_variants
 from mailsluice_lab.peers.run_mx import MxSpec
@@ -90,7 +96,7 @@ def parse(
     try:
         args = p.parse_args(argv)
         names = VARIANTS if args.via == "all" else tuple(v.strip() for v in args.via.split(","))
-        unknown = [name for name in names if name not in VARIANTS]
+        unknown = [name for name in names if name not in (*VARIANTS, *FLEET_VARIANTS)]
         if unknown or not names:
             p.error(f"--via: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}, all")
         if args.size < 1 or args.mailsluice_workers < 1:

@@ -32,6 +32,7 @@ Writes into ``--out``: ``deliveries.csv``, ``queues.csv``/``msa_queues.csv``,
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -71,6 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
         help="run the variants this many times in turn (spread of the figures)",
     )
     add_contention_options(parser)
+    parser.add_argument("--gateways", type=int, default=1,
+                        help="N >= 2: N mailsluice gateways, each in its own namespace, the "
+                        "tenants spread unevenly over them, one source address toward the MX; "
+                        "variants mailsluice-shared (shared_state in Redis) and "
+                        "mailsluice-apart (each gateway alone)")  # fmt: skip
     parser.add_argument(
         "--parallel",
         type=int,
@@ -81,9 +87,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
     def check(args: argparse.Namespace) -> str | None:
         if min(args.messages, args.limit, args.tenants, args.repeat, args.parallel) < 1:
             return "--messages, --limit, --tenants, --repeat and --parallel must be at least 1"
+        if not 1 <= args.gateways <= min(9, args.tenants):
+            return "--gateways: 1 to 9, and no more than --tenants"
         return check_backoff(args)
 
-    return driver.parse(parser, argv, check)
+    args = driver.parse(parser, argv, check)
+    if isinstance(args, argparse.Namespace):
+        return fleet_variants(parser, args)
+    return args
+
+
+def fleet_variants(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.Namespace | int:
+    """With ``--gateways N`` (N >= 2) the variants are the fleet's: shared and apart."""
+    from mailsluice_lab.bench.scenarios.runner import FLEET_VARIANTS
+
+    fleet = [v for v in args.variants if v in FLEET_VARIANTS]
+    if args.gateways < 2:
+        if fleet:
+            return _error(parser, f"--via {','.join(fleet)} needs --gateways 2 or more")
+        return args
+    if args.via == "all":
+        args.variants = FLEET_VARIANTS
+    elif len(fleet) != len(args.variants):
+        return _error(parser, f"--gateways {args.gateways}: --via "
+                      f"{' or '.join(FLEET_VARIANTS)} (or all)")  # fmt: skip
+    return args
+
+
+def _error(parser: argparse.ArgumentParser, message: str) -> int:
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return 2
 
 
 def add_contention_options(parser: argparse.ArgumentParser) -> None:
@@ -251,7 +287,7 @@ def limited_setup(args: argparse.Namespace, plan: Plan, what: str) -> driver.Set
     retry = {"minimal_backoff_time": f"{args.backoff:g}s",
              "maximal_backoff_time": f"{2 * args.backoff:g}s"}  # fmt: skip
     options = {"parallel": args.parallel, "hold": True, "relay_settings": retry,
-               "msa_settings": retry}  # fmt: skip
+               "msa_settings": retry, "gateways": getattr(args, "gateways", 1)}  # fmt: skip
     return driver.Setup(plan, (scenario_mx(MX, connection_limit=args.limit),),
                         default_deadline(args.backoff), what, options)  # fmt: skip
 

@@ -55,8 +55,8 @@ from mailsluice_lab.peers.run_mx import (
     specs_to_json,
 )
 
-__all__ = ["VARIANTS", "CsvTail", "RunConfig", "VariantRun", "read_received", "read_submitted",
-           "run_variant", "scenario_mx"]  # fmt: skip
+__all__ = ["FLEET_VARIANTS", "VARIANTS", "CsvTail", "RunConfig", "VariantRun", "read_received",
+           "read_submitted", "run_variant", "scenario_mx"]  # fmt: skip
 
 # mailsluice: fair sharing on (the default); mailsluice-fcfs: fair sharing off (a connection
 # per session, first come first served, as before issue 13). Off through the configuration
@@ -66,6 +66,9 @@ VARIANTS = ("mailsluice", "mailsluice-fcfs", "postfix", "direct")
 PROXY_CONFIG: Mapping[str, str] = {
     "mailsluice": "", "mailsluice-fcfs": "[fair_sharing]\nenabled = false\n",
 }  # fmt: skip
+# Several gateways (``--gateways N``, :mod:`.gateways`): sharing their limits through Redis
+# (``shared_state``), or each scheduling alone, as before issue 26.
+FLEET_VARIANTS = ("mailsluice-shared", "mailsluice-apart")
 PROXY_PORT = 10025
 POLL_S = 0.25
 QueueRow = tuple[float, int, int, int]  # t, active, incoming, deferred
@@ -102,6 +105,7 @@ class RunConfig:
     parallel: int = 4  # submission connections per tenant (Postfix MSAs)
     hold: bool = False  # Postfix MSAs hold the mail until every tenant is through, then release
     sample_every: float = 0.0  # s between samples of the aggregation point's processes (0: off)
+    gateways: int = 1  # mailsluice gateways (FLEET_VARIANTS), each in its own namespace
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ class _Live:
         self.relay: PostfixInstance | None = None
         self.instances: dict[str, PostfixInstance] = {}
         self.proxy: Process | None = None
+        self.gateways: list[Process] = []  # FLEET_VARIANTS: every gateway's mailsluice
 
     def agg_roots(self) -> list[int]:
         """The root processes of the aggregation point (none for ``direct``)."""
@@ -195,7 +200,11 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     _wait_file(mx_dir / READY_NAME, mx_proc, "the MX process")
     live.vital.append(("the MX process", mx_proc))
     hops = {domain_of(s.name): f"smtp:[{s.host}]:25" for s in specs}
-    if cfg.variant in PROXY_CONFIG:
+    if cfg.variant in FLEET_VARIANTS:
+        live.gateways = _start_gateways(cfg, topo, stack)
+        live.vital += [(f"mailsluice serve in g{j}", p) for j, p in enumerate(live.gateways, 1)]
+        live.proxy = live.gateways[0]
+    elif cfg.variant in PROXY_CONFIG:
         rule = topology.redirect(topo, PROXY_PORT)
         serve = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--log", f"sqlite:{work / 'mailsluice.db'}",
                  "--workers", str(cfg.mailsluice_workers)]  # fmt: skip
@@ -243,6 +252,39 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
         argv += ["--start-at", f"{start_at:.6f}"]
         live.tenants.append(spawn(stack, ns, argv, work / f"tenant-t{number}.out"))
     return live, start_at
+
+
+def _start_gateways(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> list[Process]:
+    """The gateways' namespaces, Redis in ``agg`` (``mailsluice-shared``), one mailsluice
+    per gateway (its own log, state and configuration)."""
+    from mailsluice_lab.bench.scenarios import gateways
+
+    fleet = stack.enter_context(gateways.build(topo, cfg.gateways, PROXY_PORT))
+    shared = cfg.variant == "mailsluice-shared"
+    if shared:
+        redis_dir = cfg.workdir / "redis"
+        redis_dir.mkdir(exist_ok=True)
+        argv = ["redis-server", "--port", str(gateways.REDIS_PORT), "--bind", "0.0.0.0",
+                "--save", "", "--appendonly", "no", "--dir", str(redis_dir),
+                "--protected-mode", "no", "--daemonize", "no"]  # fmt: skip
+        redis = spawn(stack, topo.agg, argv, cfg.workdir / "redis.out")
+        redis.wait_listening(gateways.REDIS_PORT)
+    procs = []
+    for j, ns in enumerate(fleet.namespaces, 1):
+        work = cfg.workdir / f"g{j}"
+        work.mkdir(exist_ok=True)
+        text = f'gateway_name = "g{j}"\n'
+        if shared:
+            text += f'shared_state = "redis://{fleet.links[j - 1]}:{gateways.REDIS_PORT}/0"\n'
+        (work / "mailsluice.toml").write_text(text)
+        serve = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--log", f"sqlite:{work / 'mailsluice.db'}",
+                 "--config", str(work / "mailsluice.toml"),
+                 "--workers", str(cfg.mailsluice_workers)]  # fmt: skip
+        procs.append(start_proxy(stack, ns, serve, PROXY_PORT, work / "mailsluice.out"))
+    tenants = ", ".join(f"t{t} behind g{g}" for t, g in sorted(fleet.behind.items()))
+    print(f"  {cfg.gateways} gateways ({'shared state in Redis' if shared else 'each alone'}): "
+          f"{tenants}", file=sys.stderr)  # fmt: skip
+    return procs
 
 
 def _release(live: _Live, recording: _Recording) -> None:
