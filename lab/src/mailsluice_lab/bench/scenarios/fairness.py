@@ -35,6 +35,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace | int:
         help="run the variants this many times in turn (spread of the figures)",
     )
     add_contention_options(parser)
+    parser.add_argument("--mx-delay", type=float, default=0.0,
+                        help="seconds the MX waits before answering the end of data: the "
+                        "limit, not the proxies' CPU, then bounds the pace")  # fmt: skip
     parser.add_argument("--gateways", type=int, default=1,
                         help="N >= 2: N mailsluice gateways, each in its own namespace, the "
                         "tenants spread unevenly over them, one source address toward the MX; "
@@ -213,7 +217,7 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
     for label, run in runs.items():
         entry = measured["variants"][label]
         entry.update(driver.variant_facts(run))
-        entry["fairness"] = run_fairness(rows, label, run, args.deadline_s)
+        entry["fairness"] = run_fairness(rows, label, run, args.deadline_s, args.limit)
         mine = stats.summarize_deliveries(from_release(rows, label, t0(run)))
         entry["deliveries"] = mine.get(label)
         entry["at_mx"] = contention.mx_view(run, args.limit)
@@ -240,13 +244,14 @@ def build_summary(args: argparse.Namespace, runs: dict[str, VariantRun], deliver
 
 
 def run_fairness(
-    rows: Iterable[Delivery], label: str, run: VariantRun, deadline: float
+    rows: Iterable[Delivery], label: str, run: VariantRun, deadline: float, limit: int = 0
 ) -> dict[str, Any]:
     """The fairness figures of one run; for a run cut off at the deadline, the figures
     are None and ``unfinished`` gives each tenant's received / sent at the cut-off."""
     from mailsluice_lab.bench.scenarios import stats
 
     figures = stats.fairness_summary(rows, label, start=t0(run))
+    figures.update(ideal(run, figures.get("completion_s"), limit))
     if run.status == "ok":
         return figures
     sent: dict[str, int] = {}
@@ -258,6 +263,20 @@ def run_fairness(
     for key in ("completion_s", "jain_index", "slowest_fastest_ratio"):
         figures[key] = None
     return figures
+
+
+def ideal(run: VariantRun, completion: float | None, limit: int) -> dict[str, Any]:
+    """The ideal completion: every message carried at the pace of a busy connection (the
+    median time between two deliveries on one MX connection, this run's), the MX's limit
+    always full: messages x that time / limit. And the completion over it."""
+    by_conn: dict[int, list[float]] = {}
+    for item in run.received:
+        by_conn.setdefault(item.connection, []).append(item.received_at)
+    gaps = sorted(b - a for times in by_conn.values() for a, b in pairwise(sorted(times)))
+    if not gaps or not limit or completion is None:
+        return {"ideal_s": None, "completion_over_ideal": None}
+    best = len(run.received) * gaps[len(gaps) // 2] / limit
+    return {"ideal_s": round(best, 2), "completion_over_ideal": ratio(completion, best)}
 
 
 def explanations(backoff: float, deadline: float) -> list[str]:
@@ -288,7 +307,9 @@ def limited_setup(args: argparse.Namespace, plan: Plan, what: str) -> driver.Set
              "maximal_backoff_time": f"{2 * args.backoff:g}s"}  # fmt: skip
     options = {"parallel": args.parallel, "hold": True, "relay_settings": retry,
                "msa_settings": retry, "gateways": getattr(args, "gateways", 1)}  # fmt: skip
-    return driver.Setup(plan, (scenario_mx(MX, connection_limit=args.limit),),
+    delay = getattr(args, "mx_delay", 0.0)
+    mx = scenario_mx(MX, connection_limit=args.limit, data_reply_delay=delay)
+    return driver.Setup(plan, (mx,),
                         default_deadline(args.backoff), what, options)  # fmt: skip
 
 

@@ -148,6 +148,10 @@ HEADLINES: dict[str, list[Column]] = {
             _figure("fairness", "slowest_fastest_ratio", fmt=lambda v: fixed(v, ".2f", "x")),
         ),
         ("completion per tenant", tenant_times),
+        (
+            "completion / ideal",
+            _figure("fairness", "completion_over_ideal", fmt=lambda v: fixed(v, ".2f", "x")),
+        ),
         ("MX: peak connections per client", at_mx),
         ("MX: 421s sent (> 1 s after the first)", refusals),
         ("MSAs' deferrals by reply code", told),
