@@ -62,6 +62,7 @@ def test_single_session_round_trip(url: str) -> None:
         "client": "[2001:db8::5]:40000",
         "destination": "192.0.2.25:25",
         "source_ip": "198.51.100.7",
+        "gateway": None,
         "helo": "msa.example",
         "mail_from": "sender1@example.net",
         "mail_from_all": ["sender1@example.net"],
@@ -234,7 +235,7 @@ def test_sqlite_schema(tmp_path: Path) -> None:
     write(f"sqlite:{path}", session("s", T0))
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert "sessions_started_at" in indexes

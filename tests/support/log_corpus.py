@@ -18,10 +18,12 @@ from mailsluice.sessionlog.threadwriter import LogWriter
 T0 = 1_714_564_800.0
 
 
-def opened(sid: str, at: float, client: str = "192.0.2.10:41000") -> SessionOpened:
+def opened(
+    sid: str, at: float, client: str = "192.0.2.10:41000", gateway: str | None = None
+) -> SessionOpened:
     return SessionOpened(
         session_id=sid, at=at, client=client, destination="198.51.100.25:25",
-        source_ip="203.0.113.7",
+        source_ip="203.0.113.7", gateway=gateway,
     )  # fmt: skip
 
 
@@ -58,7 +60,8 @@ def corpus() -> list[Record]:
     for n in range(6):
         sid = f"abc{n:02d}-{'x' * n}"
         at = T0 + 60 * n + 0.1234567
-        records.append(opened(sid, at, client=f"[2001:db8::{n}]:4{n}000"))
+        gateway = (None, "gw-a", "gw-b")[n % 3]  # a fleet's log (issue 26), and an older one
+        records.append(opened(sid, at, client=f"[2001:db8::{n}]:4{n}000", gateway=gateway))
         records.append(chunk(sid, at, 1, ["220 mx.example ESMTP", f"EHLO msa{n}.example"]))
         records.append(chunk(sid, at, 3, ["250-mx.example\n250-SIZE 1000\n250 8BITMIME", "QUIT"]))
         for seq in range(1, n % 3 + 1):

@@ -83,13 +83,16 @@ class Account:
         self._txn_seq = 0
         self._lines: list[tuple[int, float, str, str]] = []
 
-    def opened(self, client: str, destination: str, source_ip: str | None) -> SessionOpened:
+    def opened(
+        self, client: str, destination: str, source_ip: str | None, gateway: str | None = None
+    ) -> SessionOpened:
         return SessionOpened(
             session_id=self.session_id,
             at=self.opened_at,
             client=client,
             destination=destination,
             source_ip=source_ip,
+            gateway=gateway,
         )
 
     def line(self, direction: Direction, text: str, now: float) -> bool:

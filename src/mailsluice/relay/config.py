@@ -51,6 +51,7 @@ class Timeouts:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RelayConfig:
     hostname: str = "mailsluice"  # our name in replies we make ourselves
+    gateway: str | None = None  # this gateway's name in the session log (``gateway_name``)
     message_size_limit: int = 10_240_000  # 0 = no limit of ours (the MX's SIZE still applies)
     max_recipients: int = 1000
     max_command_line: int = 2048  # RFC 5321 says 512; ESMTP parameters need more

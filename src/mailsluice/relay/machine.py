@@ -202,7 +202,8 @@ class Relay:
 
     def start(self) -> list[act.Action]:
         out = self._out.begin(self._out.now)
-        self._out.add(act.Log(self._out.account.opened(*self._client_desc)))
+        opened = self._out.account.opened(*self._client_desc, self._cfg.gateway)
+        self._out.add(act.Log(opened))
         if self._refusal is not None:
             self._out.note(f"refused: {self._refusal.text}")
             self._out.to_client(self._refusal, Direction.PROXY_TO_CLIENT)

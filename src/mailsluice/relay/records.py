@@ -35,6 +35,7 @@ class SessionOpened(NamedTuple):
     client: str  # "ip:port" ("[v6]:port" for IPv6)
     destination: str  # original destination "ip:port"
     source_ip: str | None  # bound outbound address, None = kernel's choice
+    gateway: str | None = None  # the gateway that relayed it (``gateway_name``)
 
 
 class TranscriptLine(NamedTuple):

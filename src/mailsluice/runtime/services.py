@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from mailsluice.config import Settings
 from mailsluice.filtering.chain import FilterChain
+from mailsluice.fleetconfig import default_gateway_name
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import Record
@@ -141,12 +142,15 @@ def weights_of(settings: Settings) -> Callable[[str], float]:
     return _weights(settings.fair.weights())
 
 
+_HOST = default_gateway_name()  # a gateway's name in the session log, unless gateway_name
+
+
 def _relay_config(settings: Settings, mx_tls: MxTls) -> RelayConfig:
     fair = settings.fair
     timeouts = replace(settings.relay.timeouts, hold_max=fair.hold_max)
     return replace(
         settings.relay, timeouts=timeouts, capacity_refusal=fair.capacity_pattern(),
-        tls_checks=mx_tls.gate is not None,
+        tls_checks=mx_tls.gate is not None, gateway=settings.gateway_name or _HOST,
     )  # fmt: skip
 
 

@@ -81,6 +81,15 @@ def _ms(value: object) -> str:
 
 
 def _table(sessions: list[dict[str, Any]]) -> list[str]:
+    lines = _columns(sessions)
+    if len({s.get("gateway") for s in sessions}) < 2:  # one gateway: not a fleet's log
+        return lines
+    width = max(len("GATEWAY"), *(len(_cell(s.get("gateway"))) for s in sessions))
+    named = ["GATEWAY".ljust(width)] + [_cell(s.get("gateway")).ljust(width) for s in sessions]
+    return [f"{gateway}  {line}" for gateway, line in zip(named, lines, strict=True)]
+
+
+def _columns(sessions: list[dict[str, Any]]) -> list[str]:
     header = ("STARTED (UTC)", "ID", "CLIENT", "DESTINATION", "FROM", "RCPT", "CLIENT-TLS", "TLS",
               "MSGS", "BYTES", "CODE", "354MS")  # fmt: skip
     rows = [
@@ -163,7 +172,8 @@ def _write_csv(sessions: list[dict[str, Any]], out: TextIO) -> None:
         writer.writerow([_csv_cell(session[c]) for c in columns])
 
 
-_CSV_COLUMNS = ("id", "started_at", "ended_at", "client", "destination", "source_ip", "helo",
+_CSV_COLUMNS = ("id", "started_at", "ended_at", "gateway", "client", "destination", "source_ip",
+                "helo",
                 "mail_from", "mail_from_all", "rcpt_to", "transactions", "tls_version",
                 "tls_cipher", "tls_verified", "client_tls_version", "client_tls_cipher",
                 "messages", "bytes", "final_code", "connect_to_354_ms", "reason")  # fmt: skip
@@ -206,6 +216,8 @@ def print_sessions(
 
 def _header(session: dict[str, Any]) -> str:
     parts = [f"session {printable(session['id'])}"]
+    if session.get("gateway"):
+        parts.append(f"via gateway {_cell(session['gateway'])}")
     if session["client"] or session["destination"]:
         parts.append(f"{_cell(session['client'])} -> {_cell(session['destination'])}")
     if session["helo"]:

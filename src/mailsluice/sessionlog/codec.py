@@ -340,6 +340,7 @@ def record_to_json(record: Record) -> dict[str, Any]:
             "client": clean_text(record.client),
             "destination": clean_text(record.destination),
             "source_ip": clean_opt(record.source_ip),
+            "gateway": clean_opt(record.gateway),
         }
     if isinstance(record, TransactionEnded):
         return {

@@ -38,19 +38,19 @@ from mailsluice.sessionlog.sqlite_reader import sessions as sqlite_sessions
 
 __all__ = ["sessions", "session_with_transcript"]
 
-_OPEN_FIELDS = ("client", "destination", "source_ip")
+_OPEN_FIELDS = ("client", "destination", "source_ip", "gateway")
 _CLOSE_FIELDS = (
     "helo", "tls_version", "tls_cipher", "tls_verified", "messages", "bytes",
     "final_code", "connect_to_354_ms", "reason", "client_tls_version", "client_tls_cipher",
 )  # fmt: skip
 _TEXT = frozenset({"client", "destination", "source_ip", "helo", "tls_version", "tls_cipher",
-                   "reason", "client_tls_version", "client_tls_cipher"})  # fmt: skip
+                   "reason", "client_tls_version", "client_tls_cipher", "gateway"})  # fmt: skip
 _COUNTS = frozenset({"messages", "bytes", "final_code"})
 _SESSION_INSERT = (
     "INSERT INTO sessions (id, client, destination, source_ip, helo, tls_version, tls_cipher, "
     "tls_verified, started_at, ended_at, messages, bytes, final_code, connect_to_354_ms, reason, "
-    "client_tls_version, client_tls_cipher) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "client_tls_version, client_tls_cipher, gateway) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _TXN_INSERT = (
     "INSERT INTO transactions (session_id, seq, mail_from, rcpt_to, reply_code) "
@@ -121,7 +121,8 @@ def _load(scan: _Scan) -> sqlite3.Connection:
     create_schema(conn)
     names = ("client", "destination", "source_ip", "helo", "tls_version", "tls_cipher",
              "tls_verified", "started_at", "ended_at", "messages", "bytes", "final_code",
-             "connect_to_354_ms", "reason", "client_tls_version", "client_tls_cipher")  # fmt: skip
+             "connect_to_354_ms", "reason", "client_tls_version", "client_tls_cipher",
+             "gateway")  # fmt: skip
     conn.executemany(
         _SESSION_INSERT,
         ((sid, *(_column(n, row.get(n)) for n in names)) for sid, row in scan.rows.items()),

@@ -60,10 +60,10 @@ from mailsluice.sessionlog.mysql_url import parse_mysql_url
 __all__ = ["MysqlBackend", "utc_datetime"]
 
 _OPEN_SQL = """
-INSERT INTO mailsluice_sessions (id, client, destination, source_ip, started_at)
-VALUES (%s, %s, %s, %s, %s)
+INSERT INTO mailsluice_sessions (id, client, destination, source_ip, started_at, gateway)
+VALUES (%s, %s, %s, %s, %s, %s)
 ON DUPLICATE KEY UPDATE client = VALUES(client), destination = VALUES(destination),
-    source_ip = VALUES(source_ip), started_at = VALUES(started_at)
+    source_ip = VALUES(source_ip), started_at = VALUES(started_at), gateway = VALUES(gateway)
 """
 _CLOSE_SQL = """
 INSERT INTO mailsluice_sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at,
@@ -132,7 +132,7 @@ class _Rows:
             elif isinstance(r, SessionOpened):
                 rows.opened.append(
                     (clean_text(r.session_id), clean_text(r.client), clean_text(r.destination),
-                     clean_opt(r.source_ip), utc_datetime(r.at))
+                     clean_opt(r.source_ip), utc_datetime(r.at), clean_opt(r.gateway))
                 )  # fmt: skip
             elif isinstance(r, TransactionEnded):
                 rows.txns.append(

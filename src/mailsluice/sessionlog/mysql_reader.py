@@ -47,7 +47,7 @@ _T = TypeVar("_T")
 _NO_FILTER = SessionFilter()
 _SESSION_COLUMNS = (
     "id, client, destination, source_ip, helo, tls_version, tls_cipher, tls_verified, "
-    "client_tls_version, client_tls_cipher, "
+    "client_tls_version, client_tls_cipher, gateway, "
     "started_at, ended_at, messages, bytes, final_code, connect_to_354_ms, reason"
 )
 _CHUNK = 500  # ids per "IN (...)" query

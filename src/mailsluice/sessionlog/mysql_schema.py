@@ -53,7 +53,7 @@ __all__ = [
     "schema_version",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CONNECT_TIMEOUT = 10.0  # seconds for one connection attempt
 COMMAND_TIMEOUT = 30.0  # seconds for one read or write on the connection
 LOCK_TIMEOUT = 60  # seconds a writer waits for another one's migration
@@ -117,7 +117,9 @@ _CLIENT_TLS_V2 = (
     "ADD COLUMN client_tls_cipher TEXT",
 )
 # MIGRATIONS[v]: the statements that lift a database at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _CLIENT_TLS_V2)
+# version 3: the gateway that relayed the session (``gateway_name``: a fleet's log)
+_GATEWAY_V3 = ("ALTER TABLE mailsluice_sessions ADD COLUMN gateway TEXT",)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _CLIENT_TLS_V2, _GATEWAY_V3)
 _OUR_TABLES = ("mailsluice_sessions", "mailsluice_transactions", "mailsluice_transcript")
 
 

@@ -59,10 +59,10 @@ from mailsluice.sessionlog.postgres_schema import (
 __all__ = ["PostgresBackend", "pg_text"]
 
 _OPEN_SQL = """
-INSERT INTO mailsluice_sessions (id, client, destination, source_ip, started_at)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO mailsluice_sessions (id, client, destination, source_ip, started_at, gateway)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (id) DO UPDATE SET client = EXCLUDED.client, destination = EXCLUDED.destination,
-    source_ip = EXCLUDED.source_ip, started_at = EXCLUDED.started_at
+    source_ip = EXCLUDED.source_ip, started_at = EXCLUDED.started_at, gateway = EXCLUDED.gateway
 """
 _CLOSE_SQL = """
 INSERT INTO mailsluice_sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at,
@@ -134,7 +134,7 @@ class _Rows:
             elif isinstance(r, SessionOpened):
                 rows.opened.append(
                     (pg_text(r.session_id), pg_text(r.client), pg_text(r.destination),
-                     _opt(r.source_ip), _ts(r.at))
+                     _opt(r.source_ip), _ts(r.at), _opt(r.gateway))
                 )  # fmt: skip
             elif isinstance(r, TransactionEnded):
                 rows.txns.append(

@@ -37,7 +37,7 @@ _T = TypeVar("_T")
 _NO_FILTER = SessionFilter()
 _SESSION_COLUMNS = (
     "id, client, destination, source_ip, helo, tls_version, tls_cipher, tls_verified, "
-    "client_tls_version, client_tls_cipher, "
+    "client_tls_version, client_tls_cipher, gateway, "
     "extract(epoch FROM started_at)::float8 AS started_at, "
     "extract(epoch FROM ended_at)::float8 AS ended_at, "
     "messages, bytes, final_code, connect_to_354_ms, reason"

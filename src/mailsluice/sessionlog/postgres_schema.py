@@ -37,7 +37,7 @@ __all__ = [
     "schema_version",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CONNECT_TIMEOUT = 10.0  # seconds for one connection attempt
 COMMAND_TIMEOUT = 30.0  # seconds for one statement
 _LOCK_KEY = 0x6D61696C736C7563  # "mailsluc": the advisory lock taken while migrating
@@ -82,7 +82,11 @@ ALTER TABLE mailsluice_sessions ADD COLUMN client_tls_version text,
     ADD COLUMN client_tls_cipher text
 """
 # MIGRATIONS[v] lifts a database at version v to v + 1.
-MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _CLIENT_TLS_V2)
+# version 3: the gateway that relayed the session (``gateway_name``: a fleet's log)
+_GATEWAY_V3 = """
+ALTER TABLE mailsluice_sessions ADD COLUMN gateway text
+"""
+MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _CLIENT_TLS_V2, _GATEWAY_V3)
 
 
 class Connection(Protocol):

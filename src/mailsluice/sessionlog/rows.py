@@ -72,6 +72,7 @@ def session_dict(session_id: str, row: Mapping[str, Any], txns: Iterable[Txn]) -
         "client": as_str(row.get("client")),
         "destination": as_str(row.get("destination")),
         "source_ip": as_str(row.get("source_ip")),
+        "gateway": as_str(row.get("gateway")),
         "helo": as_str(row.get("helo")),
         "mail_from": ordered[0][1] if ordered else None,
         "mail_from_all": [t[1] for t in ordered],

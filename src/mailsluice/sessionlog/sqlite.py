@@ -36,7 +36,7 @@ __all__ = [
     "open_readonly",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT = 2.0  # seconds the writer waits for a lock held by a reader or another writer
 
 _SCHEMA_V1 = """
@@ -93,13 +93,19 @@ ALTER TABLE sessions ADD COLUMN client_tls_version TEXT;
 ALTER TABLE sessions ADD COLUMN client_tls_cipher TEXT
 """
 
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _CLIENT_TLS_V2}
+# version 3: the gateway that relayed the session (``gateway_name``: a fleet's log)
+_GATEWAY_V3 = """
+ALTER TABLE sessions ADD COLUMN gateway TEXT
+"""
+
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _CLIENT_TLS_V2, 2: _GATEWAY_V3}
 _OUR_TABLES = frozenset({"sessions", "transactions", "transcript"})
 
 _OPEN_SQL = """
-INSERT INTO sessions (id, client, destination, source_ip, started_at) VALUES (?, ?, ?, ?, ?)
+INSERT INTO sessions (id, client, destination, source_ip, started_at, gateway)
+    VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET client = excluded.client, destination = excluded.destination,
-    source_ip = excluded.source_ip, started_at = excluded.started_at
+    source_ip = excluded.source_ip, started_at = excluded.started_at, gateway = excluded.gateway
 """
 _CLOSE_SQL = """
 INSERT INTO sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at, messages,
@@ -227,6 +233,7 @@ class SqliteBackend:
                         clean_text(r.destination),
                         clean_opt(r.source_ip),
                         r.at,
+                        clean_opt(r.gateway),
                     )
                 )
             elif isinstance(r, TransactionEnded):

@@ -33,7 +33,7 @@ __all__ = ["SESSION_COLUMNS", "run", "sessions", "session_with_transcript"]
 SESSION_COLUMNS = (
     "id, client, destination, source_ip, helo, tls_version, tls_cipher, tls_verified, "
     "started_at, ended_at, messages, bytes, final_code, connect_to_354_ms, reason, "
-    "client_tls_version, client_tls_cipher"
+    "client_tls_version, client_tls_cipher, gateway"
 )
 _CHUNK = 500  # ids per "IN (...)" query
 
