@@ -117,6 +117,6 @@ def test_a_schema_1_sqlite_log_gains_the_columns(tmp_path: Path) -> None:
     assert found["after"]["client_tls_version"] == "TLSv1.2"
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3  # (and on to the gateway column)
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     finally:
         conn.close()
