@@ -104,4 +104,9 @@ def _rule(view: dict[str, Any]) -> str:
         parts.append(f"{view['max_messages_per_connection']}/connection")
     if view.get("suspended_s"):
         parts.append(f"suspended {view['suspended_s']:.0f} s")
+    fleet = view.get("fleet")
+    if isinstance(fleet, dict) and fleet:  # shared_state: this gateway's share
+        mode = "FALLBACK (shared state lost)" if fleet.get("mode") == "fallback" else "fleet"
+        parts.append(f"{mode}: share {fleet.get('share')} of {fleet.get('fleet_limit')}, "
+                     f"{fleet.get('gateways')} gateways")  # fmt: skip
     return ", ".join(parts) or "-"

@@ -38,6 +38,8 @@ from typing import Any
 from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
+from mailsluice.runtime.fleet.link import FleetLink
+from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
     Close,
@@ -59,6 +61,8 @@ log = logging.getLogger("mailsluice.broker")
 
 #: the admin server to run in the broker's process, given the scheduler
 AdminHere = Callable[[LocalScheduler], AbstractAsyncContextManager[object]]
+#: shared_state (``runtime.fleet.join``): the host's scheduler under the fleet's leases
+FleetHere = Callable[[LocalScheduler], tuple[FleetScheduler, FleetLink]]
 
 _CONNECT_TRIES = 100  # x 50 ms: a worker waits this long for the broker at start
 
@@ -123,6 +127,7 @@ class Broker:
             remembered=remembered,
         )  # fmt: skip
         self.names.changed = self.scheduler.rematch
+        self.decider: LocalScheduler | FleetScheduler = self.scheduler  # (or the fleet's)
         self._workers: dict[int, _Worker] = {}
         self.all_left = asyncio.Event()  # set while no worker is connected
         self.all_left.set()
@@ -142,7 +147,7 @@ class Broker:
             self._workers[number] = worker
             self.all_left.clear()
             return
-        scheduler, key = self.scheduler, _key(message["k"])
+        scheduler, key = self.decider, _key(message["k"])
         match op:
             case "ask":
                 scheduler.ask(key, message["t"], message["n"])
@@ -204,7 +209,7 @@ class Broker:
         assert worker.number is not None
         log.info("broker: worker %d left; its connections and waiting sessions are "
                  "forgotten", worker.number)  # fmt: skip
-        self.scheduler.forget_worker(worker.number)
+        self.decider.forget_worker(worker.number)
         worker.number = None
 
 
@@ -217,10 +222,14 @@ async def _serve_broker(
     grace: float,
     reread: Callable[[], FairSettings] | None = None,
     admin: AdminHere | None = None,
+    fleet: FleetHere | None = None,
 ) -> None:
     broker = Broker(
         rules=rules, weight=weight, remembered=read_learned(state), destinations=destinations
     )
+    link = None
+    if fleet is not None:  # the workers use the fleet's state through the broker
+        broker.decider, link = fleet(broker.scheduler)
     # the operator's suspensions, written by the admin server (``runtime.suspensions``)
     broker.scheduler.operator_pause = Suspensions.beside(state).declines
     extras = contextlib.AsyncExitStack()  # the admin server, here where the scheduler is
@@ -237,6 +246,7 @@ async def _serve_broker(
         loop.add_signal_handler(signum, stop.set)
     async with server, asyncio.TaskGroup() as group:
         resolving = group.create_task(broker.names.run()) if broker.names.needed else None
+        linked = group.create_task(link.run()) if link is not None else None
 
         def reload() -> None:
             nonlocal resolving
@@ -257,6 +267,9 @@ async def _serve_broker(
             log.warning("broker: workers still connected after the shutdown grace")
         if resolving is not None:
             resolving.cancel()
+        if link is not None and linked is not None:
+            await link.leave()  # the leases go back now, not at their expiry
+            linked.cancel()
     broker.scheduler.close()
     if writer is not None:
         writer.stop()
@@ -294,12 +307,15 @@ def run_broker(
     grace: float,
     reread: Callable[[], FairSettings] | None = None,
     admin: AdminHere | None = None,
+    fleet: FleetHere | None = None,
 ) -> int:
     """The broker process's main (started by the supervisor before the workers); after
     SIGTERM it serves until the workers have gone, ``grace`` seconds (+10) at most.
     SIGHUP: ``reread`` gives the fair-sharing settings again (None: ignored).
     ``admin``: the admin server to run beside the scheduler (``runtime.admin.host``)."""
-    asyncio.run(_serve_broker(address, rules, destinations, weight, state, grace, reread, admin))
+    asyncio.run(
+        _serve_broker(address, rules, destinations, weight, state, grace, reread, admin, fleet)
+    )
     return 0
 
 

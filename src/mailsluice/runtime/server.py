@@ -56,6 +56,7 @@ from mailsluice.runtime.admin.host import (
 )
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
+from mailsluice.runtime.fleet.join import fleet_here
 from mailsluice.runtime.handler import ClientProtocol
 from mailsluice.runtime.listener import (
     Listener,
@@ -561,6 +562,7 @@ def _supervise(
         return run_broker(
             address, fair.limits, fair.destinations, lambda tenant: weights.get(tenant, 1.0),
             state, settings.shutdown_grace, reread if source is not None else None, admin,
+            fleet_here(settings),
         )  # fmt: skip
 
     def work(number: int) -> int:

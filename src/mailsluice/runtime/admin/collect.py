@@ -75,6 +75,7 @@ class SchedulerCollector(Collector):
         grants = CounterMetricFamily(
             "mailsluice_destination_grants", "Connections handed to transactions", labels=label
         )
+        fleet = _FleetFamilies()  # shared_state only (``runtime.fleet``)
         t_waiting: dict[str, int] = dict.fromkeys(self._groups, 0)
         t_busy: dict[str, int] = dict.fromkeys(self._groups, 0)
         for view in self._scheduler.views():
@@ -97,7 +98,9 @@ class SchedulerCollector(Collector):
             waiting.add_metric([name], queued)
             waited.add_metric([name], _num(view.get("wait_s")))
             grants.add_metric([name], _num(view.get("grants")))
+            fleet.add(name, _dict(view.get("fleet")))
         yield from (limit, in_use, idle, waiting, waited, grants)
+        yield from fleet.families()
         group_waiting = GaugeMetricFamily(
             "mailsluice_tenant_transactions_waiting",
             "Transactions of a tenant group waiting for a connection",
@@ -141,6 +144,40 @@ class SchedulerCollector(Collector):
             waits.add_metric([group], w)
             seconds.add_metric([group], s)
         yield from (grants, waits, seconds)
+
+
+class _FleetFamilies:
+    """A destination's share of the fleet (``shared_state``): its mode and fallbacks."""
+
+    def __init__(self) -> None:
+        label = ["destination"]
+        self.fallback = GaugeMetricFamily(
+            "mailsluice_fleet_fallback",
+            "1 while the destination is under a local fallback share (shared state lost)",
+            labels=label,
+        )
+        self.fallbacks = CounterMetricFamily(
+            "mailsluice_fleet_fallbacks",
+            "Times the destination fell back to a local share (shared state lost)",
+            labels=label,
+        )
+        self.share = GaugeMetricFamily(
+            "mailsluice_fleet_share",
+            "Connections this gateway may hold to the destination (its share of the fleet's)",
+            labels=label,
+        )
+        self.seen = False
+
+    def add(self, name: str, fleet: Any) -> None:
+        if not isinstance(fleet, dict) or not fleet:
+            return
+        self.seen = True
+        self.fallback.add_metric([name], 1.0 if fleet.get("mode") == "fallback" else 0.0)
+        self.fallbacks.add_metric([name], _num(fleet.get("fallbacks")))
+        self.share.add_metric([name], _num(fleet.get("share")))
+
+    def families(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        return [self.fallback, self.fallbacks, self.share] if self.seen else []
 
 
 def _num(value: object) -> float:

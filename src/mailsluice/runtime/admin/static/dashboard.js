@@ -8,6 +8,13 @@ const HISTORY = 300; // seconds of chart
 const history = []; // {t, delivered, deferred} cumulative totals
 let timer = null;
 
+// shared_state: this gateway's share of the fleet's limit, and a fallback when Redis is lost
+function fleetNote(d) {
+  if (!d.fleet) return "";
+  const mode = d.fleet.mode === "fallback" ? ", FALLBACK: Redis lost" : "";
+  return " of the fleet's " + d.fleet.fleet_limit + " (" + d.fleet.gateways + " gateways" + mode + ")";
+}
+
 function $(id) { return document.getElementById(id); }
 
 function el(tag, text, attrs) {
@@ -208,7 +215,7 @@ async function refresh() {
 
     $("destinations-note").textContent = destinations.fair_sharing ? "" : "Fair sharing is off: no per-destination slots to show.";
     fill("destinations", destinations.destinations, d => d.destination, d => [
-      d.destination, d.in_use + " / " + d.limit + (d.learned ? " (learned)" : ""), bar(d.in_use, d.limit), d.waiting,
+      d.destination, d.in_use + " / " + d.limit + (d.learned ? " (learned)" : "") + fleetNote(d), bar(d.in_use, d.limit), d.waiting,
       Object.values(d.deferrals_15m || {}).reduce((a, b) => a + b, 0),
     ], d => ({ class: "destination-row", "data-destination": d.destination, "data-in-use": String(d.in_use) }));
 
