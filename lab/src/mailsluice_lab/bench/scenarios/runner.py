@@ -106,6 +106,9 @@ class RunConfig:
     hold: bool = False  # Postfix MSAs hold the mail until every tenant is through, then release
     sample_every: float = 0.0  # s between samples of the aggregation point's processes (0: off)
     gateways: int = 1  # mailsluice gateways (FLEET_VARIANTS), each in its own namespace
+    # faults injected at t seconds after t = 0 (FLEET_VARIANTS, :mod:`.chaos`): "kill-g1"
+    # (SIGKILL, its tenants routed to the next gateway), "freeze-redis:S", "restart-redis"
+    chaos: tuple[tuple[float, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,10 @@ class _Live:
         self.instances: dict[str, PostfixInstance] = {}
         self.proxy: Process | None = None
         self.gateways: list[Process] = []  # FLEET_VARIANTS: every gateway's mailsluice
+        self.fleet: Any = None  # FLEET_VARIANTS: the gateways' namespaces (:mod:`.gateways`)
+        self.redis: Process | None = None  # mailsluice-shared: Redis, in agg
+        self.topo: topology.Topology | None = None
+        self.stack: ExitStack | None = None
 
     def agg_roots(self) -> list[int]:
         """The root processes of the aggregation point (none for ``direct``)."""
@@ -175,6 +182,7 @@ class _Recording:
         self.flushed: list[dict[str, Any]] = []  # parked mail flushed: t, instance, messages
         self.state: list[StateRow] = []  # mailsluice's destinations.json, each write once
         self.cpu: dict[str, float] = {}  # the run's CPU and the rest of the machine's
+        self.chaos: list[dict[str, Any]] = []  # the faults injected: t, what
 
     def sampler_info(self) -> dict[str, Any]:
         """How regular the resource samples were, and what taking them cost."""
@@ -201,7 +209,7 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     live.vital.append(("the MX process", mx_proc))
     hops = {domain_of(s.name): f"smtp:[{s.host}]:25" for s in specs}
     if cfg.variant in FLEET_VARIANTS:
-        live.gateways = _start_gateways(cfg, topo, stack)
+        live.gateways = _start_gateways(cfg, topo, stack, live)
         live.vital += [(f"mailsluice serve in g{j}", p) for j, p in enumerate(live.gateways, 1)]
         live.proxy = live.gateways[0]
     elif cfg.variant in PROXY_CONFIG:
@@ -254,12 +262,15 @@ def _start(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> tuple[_
     return live, start_at
 
 
-def _start_gateways(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -> list[Process]:
+def _start_gateways(
+    cfg: RunConfig, topo: topology.Topology, stack: ExitStack, live: _Live
+) -> list[Process]:
     """The gateways' namespaces, Redis in ``agg`` (``mailsluice-shared``), one mailsluice
     per gateway (its own log, state and configuration)."""
     from mailsluice_lab.bench.scenarios import gateways
 
     fleet = stack.enter_context(gateways.build(topo, cfg.gateways, PROXY_PORT))
+    live.fleet, live.topo, live.stack = fleet, topo, stack
     shared = cfg.variant == "mailsluice-shared"
     if shared:
         redis_dir = cfg.workdir / "redis"
@@ -269,6 +280,7 @@ def _start_gateways(cfg: RunConfig, topo: topology.Topology, stack: ExitStack) -
                 "--protected-mode", "no", "--daemonize", "no"]  # fmt: skip
         redis = spawn(stack, topo.agg, argv, cfg.workdir / "redis.out")
         redis.wait_listening(gateways.REDIS_PORT)
+        live.redis = redis
     procs = []
     for j, ns in enumerate(fleet.namespaces, 1):
         work = cfg.workdir / f"g{j}"
@@ -359,6 +371,11 @@ def _watch(
                 for number in cfg.plan.tenants():
                     rows, _ = read_submitted(cfg.workdir / f"submitted-t{number}.csv")
                     accepted.update(row.message_id for row in rows)
+            base = recording.released_at if cfg.hold and cfg.msa == "postfix" else start_at
+            if cfg.chaos and base is not None:
+                from mailsluice_lab.bench.scenarios import chaos
+
+                chaos.due(cfg, live, now - base, recording.chaos)
             if accepted is not None and accepted <= set().union(*arrived.values()):
                 return "ok", ""
             if now > deadline:
@@ -412,6 +429,8 @@ def run_variant(cfg: RunConfig) -> VariantRun:
         info["parked_and_flushed"] = recording.flushed
     if recording.cpu:
         info["cpu"] = recording.cpu
+    if recording.chaos:
+        info["chaos"] = recording.chaos
     if proxy is not None:  # its last write, at its shutdown (a short run may have no other)
         recording.state += StateSampler(
             cfg.workdir / STATE_NAME, after=_last_at(recording)
