@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from mailsluice.fleetconfig import parse_shared_state
 from mailsluice.policy.learned import LimitRules
@@ -55,7 +56,7 @@ class SimGateway:
 
     def __init__(
         self, name: str, url: str, mx: SimMx, *, fixed: int | None = None,
-        duration: float = 0.02, rules: LimitRules | None = None,
+        duration: float = 0.02, rules: LimitRules | None = None, shared: bool = True,
     ) -> None:  # fmt: skip
         self.name, self.mx, self.duration = name, mx, duration
         self.rules = rules or LimitRules(start=5, quiet=60.0)
@@ -69,7 +70,12 @@ class SimGateway:
             weight=lambda t: 1.0, clock=time.monotonic,
         )  # fmt: skip
         assert isinstance(scheduler, FleetScheduler)
-        self.fleet: FleetScheduler = scheduler
+        self.in_fleet: FleetScheduler = scheduler
+        # the scheduler the worker speaks to: the fleet's, or (not ``shared``) the local alone
+        self.fleet: Any = scheduler if shared else self.local
+        if not shared:
+            self.local.deliver = self._deliver
+        self.waits: list[float] = []  # seconds from ask to grant, every transaction
         self.done: dict[str, int] = {}  # tenant -> transactions completed
         self.declined = 0
         self.failed = 0
@@ -103,12 +109,14 @@ class SimGateway:
             ticket = next(self._tickets)
             future: asyncio.Future[int] = loop.create_future()
             self._waiting[ticket] = future
+            began = time.perf_counter()
             self.fleet.ask(KEY, tenant, ticket)
             try:
                 conn = await asyncio.wait_for(future, 30)
             except TimeoutError:
                 self.fleet.cancel(KEY, ticket)
                 continue
+            self.waits.append(time.perf_counter() - began)
             if conn <= 0:
                 await asyncio.sleep(0.05)
                 continue

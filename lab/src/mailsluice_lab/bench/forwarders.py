@@ -128,6 +128,33 @@ def _mailsluice_metrics(ctx: Context) -> contextlib.AbstractAsyncContextManager[
     return _mailsluice(ctx, config=f'admin_listen = "{LOOPBACK}:{free_port()}"\n')
 
 
+def _redis_missing() -> str | None:
+    return _mailsluice_missing() or (
+        None if shutil.which("redis-server") else "redis-server is not installed (apt)"
+    )
+
+
+@contextlib.asynccontextmanager
+async def _mailsluice_shared(ctx: Context) -> AsyncIterator[Endpoint]:
+    """mailsluice with ``shared_state``: its scheduler under a fleet's leases, in a private
+    redis-server on loopback (one gateway: what the shared state costs it)."""
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", LOOPBACK, "--save", "",
+            "--appendonly", "no", "--dir", str(ctx.workdir), "--daemonize", "no"]  # fmt: skip
+    async with child(argv, log=ctx.workdir / f"redis-{ctx.run_tag}.log", grace=5.0):
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection(LOOPBACK, port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            break
+        config = f'shared_state = "redis://{LOOPBACK}:{port}/0"\ngateway_name = "bench"\n'
+        async with _mailsluice(ctx, config=config) as endpoint:
+            yield endpoint
+
+
 @contextlib.asynccontextmanager
 async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[Endpoint]:
     port = free_port()
@@ -403,6 +430,8 @@ VARIANTS: tuple[Variant, ...] = (
             _mailsluice_missing, _mailsluice_trace),
     Variant("mailsluice-metrics", "mailsluice with the Prometheus metrics on (admin_listen)",
             _mailsluice_missing, _mailsluice_metrics),
+    Variant("mailsluice-shared", "mailsluice with shared_state (a private Redis on loopback)",
+            _redis_missing, _mailsluice_shared),
     Variant("pyforward", "a minimal uvloop byte forwarder (the floor of a Python relay)",
             _mailsluice_missing, _pyforward),
     Variant("nginx", "nginx stream TCP proxy", _nginx_missing, _nginx),

@@ -27,6 +27,7 @@ RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("mailsluice-trace", "mailsluice", 0.7),  # issue 5: filtering costs at most 30%
     ("mailsluice", "mailsluice-fcfs", None),  # issue 13: fair sharing on vs off, uncontended
     ("mailsluice-metrics", "mailsluice", None),  # issue 16: the metrics on vs off
+    ("mailsluice-shared", "mailsluice", 0.8),  # issue 26: shared_state (Redis) on vs off
     ("mailsluice-fcfs", "nginx", None),
     ("mailsluice-fcfs", "postfix", None),
     ("pyforward", "nginx", None),  # how far any Python relay gets here

@@ -4,8 +4,8 @@
 
 * *reports*: whenever the scheduler has something to report (``kick``), every pending
   destination's ``SYNC`` goes out in one pipeline (one round trip), and the answers come
-  back to the scheduler; at most one pipeline is in flight, so what happens meanwhile is
-  reported together with the next;
+  back to the scheduler; one pipeline at a time, ``PACE`` apart at least, so what happens
+  meanwhile is reported together with the next;
 * *heartbeats*: every second the active destinations report (their leases are renewed;
   a gateway that stops renewing loses them within ``LEASE_TTL``); while the shared state
   is out of reach, a ``PING`` instead, and the scheduler rejoins when it answers;
@@ -42,6 +42,7 @@ log = logging.getLogger("mailsluice.fleet")
 
 DEADLINE = 0.25  # seconds any call to the shared state may take
 HEARTBEAT = 1.0  # seconds between renewals (and, when lost, between tries)
+PACE = 0.01  # seconds at least between two reports: at most 100 round trips a second
 STARTUP = 2.0  # seconds the first connection may take (the gateway waits for it)
 PREFIX = "mailsluice"
 
@@ -116,6 +117,7 @@ class FleetLink:
             self._wanted.clear()
             if not self.scheduler.down:
                 await self.report(self.scheduler.pending())
+                await asyncio.sleep(PACE)  # what happens meanwhile goes in the next one
 
     async def report(self, keys: Iterable[DestKey]) -> bool:
         """One round trip: every destination in ``keys`` reports; False if it failed."""
