@@ -52,7 +52,7 @@ from mailsluice.runtime.scheduler import (
     worker_of,
 )
 from mailsluice.runtime.statefile import StateFile, read_learned
-from mailsluice.runtime.suspensions import Suspensions
+from mailsluice.runtime.suspensions import FILE_NAME, Suspensions
 from mailsluice.runtime.workers import hangup_ready
 
 __all__ = ["Broker", "BrokerClient", "broker_address", "run_broker"]
@@ -230,6 +230,7 @@ async def _serve_broker(
     link = None
     if fleet is not None:  # the workers use the fleet's state through the broker
         broker.decider, link = fleet(broker.scheduler)
+        link.share_suspensions(lambda: state.parent / FILE_NAME if state is not None else None)
     # the operator's suspensions, written by the admin server (``runtime.suspensions``)
     broker.scheduler.operator_pause = Suspensions.beside(state).declines
     extras = contextlib.AsyncExitStack()  # the admin server, here where the scheduler is

@@ -201,6 +201,7 @@ class Services:
             )  # fmt: skip
             if settings.shared_state is not None and not settings.shared_fair:
                 self.fleet = _join(self.destinations, settings)  # one set of limits
+                self.fleet.share_suspensions(lambda: self.suspensions.path)
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.sources = SourceSelector(settings.sources, settings.outbound_ip)
         self.suspensions = Suspensions(None)  # the operator's (the proxy's, kept in a file)

@@ -111,6 +111,11 @@ class Suspensions:
         self._looked = float("-inf")
         self.reload()
 
+    @property
+    def path(self) -> Path | None:
+        """Where they are kept (``runtime.fleet.suspensions`` shares it with the fleet)."""
+        return self._path
+
     @classmethod
     def beside(cls, state: Path | None) -> Suspensions:
         """The suspensions kept beside the state file ``state`` (None: in memory)."""

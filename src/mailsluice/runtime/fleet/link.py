@@ -21,9 +21,10 @@ lease expiry (``TIME`` in the script), never the gateways'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from redis.exceptions import NoScriptError, RedisError
 from mailsluice.fleetconfig import SharedState
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.fleet.scripts import SYNC
+from mailsluice.runtime.fleet.suspensions import SharedSuspensions
 from mailsluice.runtime.orders import DestKey
 
 __all__ = ["DEADLINE", "FleetLink", "PREFIX", "connect", "dest_name"]
@@ -88,9 +90,15 @@ class FleetLink:
         self._wanted = asyncio.Event()
         scheduler.kick = self._wanted.set
         self.calls = 0  # round trips made (pipelines and pings)
+        self.suspensions: SharedSuspensions | None = None  # the operator's, fleet-wide
+        self._suspended = asyncio.Event()  # another gateway changed them
 
     def key(self, dest: DestKey) -> str:
         return f"{self.prefix}:dest:{{{dest_name(dest)}}}"
+
+    def share_suspensions(self, path: Callable[[], Path | None]) -> None:
+        """Keep this gateway's ``suspensions.json`` (``path()``) equal to the fleet's."""
+        self.suspensions = SharedSuspensions(self.client, self.prefix, path)
 
     @property
     def channel(self) -> str:
@@ -108,6 +116,8 @@ class FleetLink:
                 group.create_task(self._reporting())
                 group.create_task(self._beating())
                 group.create_task(self._listening())
+                if self.suspensions is not None:
+                    group.create_task(self._suspending(self.suspensions))
         finally:
             await self.client.aclose()
 
@@ -174,17 +184,39 @@ class FleetLink:
                 scheduler.renew()
                 self._wanted.set()
 
+    async def _suspending(self, shared: SharedSuspensions) -> None:
+        """The operator's suspensions: every second, and when another gateway says."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HEARTBEAT):
+                    await self._suspended.wait()
+            self._suspended.clear()
+            if self.scheduler.down:
+                continue
+            try:
+                async with asyncio.timeout(DEADLINE):
+                    await shared.sync()
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.debug("fleet suspensions: %s", _reason(exc))
+
     async def _listening(self) -> None:
         """Wake-ups on this gateway's channel; subscribed again after a loss."""
         while True:
             try:
                 async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    channels = [self.channel]
+                    if self.suspensions is not None:
+                        channels.append(self.suspensions.channel)
                     async with asyncio.timeout(DEADLINE):
-                        await pubsub.subscribe(self.channel)
+                        await pubsub.subscribe(*channels)
                     while True:
                         message = await pubsub.get_message(timeout=HEARTBEAT)
-                        if message is not None:
+                        if message is None:
+                            continue
+                        if message.get("channel") == self.channel:
                             self._woken(message.get("data"))
+                        else:
+                            self._suspended.set()
             except (RedisError, OSError, TimeoutError) as exc:
                 log.debug("fleet wake-ups: %s; subscribing again", _reason(exc))
                 await asyncio.sleep(HEARTBEAT)
