@@ -70,6 +70,7 @@ class Figures:
     tenant_capacity_4xx: int  # of them, the MX's "too many connections"
     violations: dict[str, int]  # what the MX logged against its clients, by kind
     mx_peak: int  # the most connections the MX had from the clients at once
+    mx_connections: int  # connections the MX served in all
     seconds: float  # from the first submission until every queue was empty
     proxy: dict[str, object] = field(default_factory=dict)  # what mailsluice learned
 
@@ -124,8 +125,8 @@ def render(records: Sequence[Mapping[str, object]]) -> str:
         latest[(scenario, str(record["path"]))] = record
     head = (
         "| MX behaviour | path | delivered once | duplicates | 4xx seen by tenants"
-        " (capacity) | violations the MX logged | MX peak connections | seconds"
-        " | mailsluice learned |\n|---|---|---|---|---|---|---|---|---|\n"
+        " (capacity) | violations the MX logged | MX peak connections | MX connections"
+        " | seconds | mailsluice learned |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for scenario in order:
@@ -136,7 +137,8 @@ def render(records: Sequence[Mapping[str, object]]) -> str:
             lines.append(
                 f"| {scenario} | {path} | {r['delivered_once']}/{r['recipients']}"
                 f" | {r['duplicates']} | {r['tenant_4xx']} ({r['tenant_capacity_4xx']})"
-                f" | {_violations(r)} | {r['mx_peak']} | {float(str(r['seconds'])):.0f}"
+                f" | {_violations(r)} | {r['mx_peak']} | {r.get('mx_connections', '?')}"
+                f" | {float(str(r['seconds'])):.0f}"
                 f" | {_learned(r)} |"
             )
     return head + "\n".join(lines) + "\n"

@@ -212,7 +212,8 @@ class PostfixMX(PostfixMSA):
         return found
 
     def connections(self) -> int:
-        """SMTP connections smtpd has accepted so far (its ``connect from`` log lines)."""
+        """SMTP connections smtpd has accepted so far (its ``connect from`` log lines; with
+        anvil limits, those it refused at once too: ``served`` leaves them out)."""
         try:
             text = self.maillog.read_text(errors="replace")
         except OSError:
@@ -235,6 +236,12 @@ class PostfixMX(PostfixMSA):
                 if match is not None and client in (None, match["addr"]):
                     found[kind] += 1
         return found
+
+    def served(self) -> int:
+        """SMTP sessions smtpd served: ``connect from`` lines less those anvil refused."""
+        lines = self.log_lines()
+        connects = sum(1 for line in lines if _SMTPD_CONNECT.search(line))
+        return connects - sum(1 for line in lines if _SMTPD_REFUSED.search(line))
 
     def peak_connections(self, client: str | None = None) -> int:
         """The most connections from ``client`` (every client: None) the MX served at

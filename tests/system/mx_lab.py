@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from tests.support import mx_matrix, postfix_msa
-from tests.support.interop import Probe, make_probe
+from tests.support.interop import SENDER_DOMAIN, Probe, make_probe
 from tests.support.mx_matrix import Copy, Figures
 from tests.support.postfix_msa import HOLD_SUBMITTED, PostfixMSA
 from tests.system.netns import require
@@ -67,6 +67,10 @@ class MxUnderTest:
         raise NotImplementedError
 
     def peak_connections(self) -> int:
+        raise NotImplementedError
+
+    def connections(self) -> int:
+        """Connections the MX served (not those it refused at once)."""
         raise NotImplementedError
 
     def busy(self) -> bool:
@@ -115,7 +119,10 @@ class MxLab:
             command_prefix=ns.cmd(),
             smtpd_listeners={},
             settings={
-                "transport_maps": f"inline:{{ {DOMAIN}=smtp:[{self.mx_ip}]:25 }}",
+                # a bounce (to an unknown recipient's sender) is discarded
+                "transport_maps": (
+                    f"inline:{{ {DOMAIN}=smtp:[{self.mx_ip}]:25, {SENDER_DOMAIN}=discard:bounces }}"
+                ),
                 "smtp_tls_security_level": "may",
                 **(HOLD_SUBMITTED if burst else {}),
                 **(settings or {}),
@@ -197,6 +204,7 @@ class MxLab:
             tenant_capacity_4xx=len(capacity),
             violations=dict(violations),
             mx_peak=mx.peak_connections(),
+            mx_connections=mx.connections(),
             seconds=round(seconds, 1),
             proxy=self.learned(),
         )

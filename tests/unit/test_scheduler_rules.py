@@ -228,7 +228,7 @@ def test_a_capacity_refusal_with_none_of_ours_up_waits_before_dialling_again() -
 
 
 def test_a_capacity_refusal_with_ours_up_sets_the_limit_and_dials_when_a_slot_frees() -> None:
-    scheduler, clock, orders = _scheduler(limit=3)
+    scheduler, _, orders = _scheduler(limit=3)
     for ticket, conn in ((1, 101), (2, 102), (3, 103)):
         scheduler.ask(KEY, "a", ticket)
         scheduler.up(KEY, "a", conn)

@@ -82,7 +82,7 @@ def default_rules() -> tuple[Rule, ...]:
         _rule(
             r"too many (messages|mails|transactions) (in|per|on) (this|one|a) connection",
             DeferralClass.OTHER,
-        ),  # fmt: skip
+        ),
         # not Postfix's "too many new TLS sessions" (its TLS session rate limit)
         _rule(r"too many (?!new TLS)(\w+ ){0,2}(connections|sessions)", capacity),
         _rule(r"connection (count )?limit|max(imum)? (number of )?connections", capacity),
