@@ -12,7 +12,8 @@ same run made directly (no proxy) beside it (``tests.system.mx_lab``):
 
 Direct delivery is in the slow run (``-m slow``): it is the table's baseline, it proves
 nothing of mailsluice. Each run reports its figures (``MAILSLUICE_MX_REPORT``,
-``tests.support.mx_matrix``) before asserting; ``docs/bench/interop.md`` has the table of a whole run.
+``tests.support.mx_matrix``) before asserting; ``docs/bench/interop.md`` has the table
+of a whole run.
 """
 
 from __future__ import annotations
