@@ -112,7 +112,7 @@ begin authenticators
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             pid = 0
-            with suppress(OSError, ValueError):
+            with suppress(OSError, ValueError, IndexError):  # not written yet
                 pid = int((self.root / "exim.pid").read_text().split()[0])
             if pid and 25 in listening_ports(pid):
                 return
