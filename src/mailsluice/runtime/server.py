@@ -148,6 +148,11 @@ class Proxy:
         reload_source: Callable[[], Settings] | None = None,
     ) -> None:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
+        # metrics (``admin_listen``): served here with one process, by the host's helper
+        # process with several (``runtime.admin.host``); a bad token file stops us here
+        self.admin = (
+            WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
+        )
         client_tls = clienttls.server_context(settings)  # and a bad certificate
         if chain is not None and not settings.relay.filtering:  # settings built in code
             relay = replace(
@@ -165,11 +170,6 @@ class Proxy:
         self._tls_state = state_path(settings.state_file, settings.log)
         mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
         self._tls_results = self._tlsrpt if mx_tls.gate is not None else None
-        # metrics (``admin_listen``): served here with one process, by the host's helper
-        # process with several (``runtime.admin.host``)
-        self.admin = (
-            WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
-        )
         metrics = self.admin.metrics if self.admin is not None else None
         self.services = _services(
             settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics

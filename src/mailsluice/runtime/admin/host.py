@@ -65,7 +65,12 @@ def read_token(settings: Settings) -> str | None:
     try:
         token = Path(name).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"admin_token_file: cannot read {name}: {exc}") from None
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            f"admin_token_file: cannot read {name} ({why}): write a token there, readable "
+            f"by the service's user (openssl rand -hex 32 > {name}), or leave "
+            "admin_token_file out (admin_listen on a loopback address only)"
+        ) from None
     if not token or any(c.isspace() for c in token):
         raise ConfigError(
             f"admin_token_file: {name} must hold one token (no spaces), e.g. "
