@@ -322,6 +322,10 @@ class ConnectionHandler:
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
 
+    def abort(self) -> None:
+        """The operator ends the session (``ctl abort``): 421, its own close reason."""
+        self._feed(ev.Aborted())
+
     def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
         """The transcript lines the relay holds, not yet in the log."""
         return self.relay.held_lines() if self.relay is not None else ()
