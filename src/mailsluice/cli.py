@@ -125,7 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow", nargs="+", metavar="CIDR", help="client networks allowed to connect"
     )
-    serve.add_argument("--message-size-limit", type=int, metavar="BYTES")
+    serve.add_argument(
+        "--message-size-limit",
+        type=int,
+        metavar="BYTES",
+        help="the largest message taken, 552 5.3.4 above it (default 10240000, 0: no limit)",
+    )
     serve.add_argument(
         "--workers", type=int, metavar="N", help="worker processes sharing the port (default 1)"
     )
@@ -208,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name not in sub.choices:
             what = LAB_COMMANDS.get(name, "a command of another distribution")
             extra = sub.add_parser(name, help=what, add_help=False)
-            extra.add_argument("args", nargs=argparse.REMAINDER)
+            extra.add_argument(
+                "args", nargs=argparse.REMAINDER, help=f"its own (mailsluice {name} --help)"
+            )
     return parser
 
 

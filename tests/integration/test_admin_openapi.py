@@ -63,7 +63,7 @@ async def test_the_routes_and_the_answers_match_the_spec(
 
         port = admin_port(proxy)
         held = await held_session(proxy, "127.0.0.2")
-        body = {"kind": "tenant", "name": "news", "seconds": 60, "reason": "flood"}
+        body = {"kind": "tenant", "name": "shop", "seconds": 60, "reason": "flood"}
         status, made = await acall(port, "POST", "/api/suspensions", body)
         _check(spec, "/api/suspensions", "POST", status, made)
         status, bad = await acall(port, "POST", "/api/suspensions", {"kind": "planet"})

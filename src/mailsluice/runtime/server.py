@@ -259,9 +259,14 @@ class Proxy:
     def drain(self) -> str:
         """Stop accepting and let the sessions finish (``POST /api/drain``): the
         shutdown's first part, without exiting (readiness turns 503; SIGTERM then exits)."""
-        if self._draining is None and self.services.admission.accepting and self._group:
-            self._draining = self._group.create_task(self.shutdown())
         open_now = len(self.services.connections)
+        if self._draining is None and self.services.admission.accepting and self._group:
+            log.warning(
+                "draining (ctl drain): not accepting new sessions; %d open, given %g s "
+                "(shutdown_grace) to finish; SIGTERM then stops the process",
+                open_now, self.settings.shutdown_grace,
+            )  # fmt: skip
+            self._draining = self._group.create_task(self.shutdown())
         return f"not accepting; {open_now} sessions finishing (shutdown_grace)"
 
     async def _api_reload(self) -> tuple[int, dict[str, object]]:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from mailsluice.runtime.admin.collect import SchedulerView
 from mailsluice.runtime.admin.http import Request, Response, Router
 from mailsluice.runtime.admin.live import valid_session_id
-from mailsluice.runtime.suspensions import SuspensionError, Suspensions
+from mailsluice.runtime.suspensions import SuspensionError, Suspensions, Targets
 
 __all__ = ["ApiContext", "add_api"]
 
@@ -41,11 +41,13 @@ class ApiContext:
     abort: Callable[[str], Awaitable[bool]]
     scheduler: SchedulerView | None = None
     drain: Callable[[], str] | None = None
+    draining: Callable[[], bool] = lambda: False  # not accepting new sessions any more
     reload: Callable[[], Awaitable[tuple[int, dict[str, object]]]] | None = None
     # a live session of this process and its lines not yet in the log (``live``)
     held: Callable[[str], tuple[dict[str, object], list[dict[str, object]]] | None] | None = None
     log_url: str | None = None
     weights: dict[str, float] = field(default_factory=dict)  # [[tenants]] groups
+    targets: Targets | None = None  # what a suspension may name (None: anything)
     workers: int = 1
     started: float = field(default_factory=time.time)
 
@@ -91,6 +93,7 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
             "uptime_s": round(time.time() - ctx.started, 1),
             "workers": ctx.workers,
             "fair_sharing": ctx.scheduler is not None,
+            "draining": ctx.draining(),
             "sessions_in_flight": len(sessions),
             "transactions": outcomes,
             "delivered": outcomes.get("delivered", 0.0),
@@ -106,9 +109,11 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
     async def abort(request: Request) -> Response:
         ident = request.params.get("id", "")
         if not valid_session_id(ident):
-            return _error(400, f"{ident!r} is not a session id (see GET /api/sessions)")
+            return _error(400, f"{ident!r} is not a session id (mailsluice ctl sessions "
+                          "lists them)")  # fmt: skip
         if not await ctx.abort(ident):
-            return _error(404, f"no live session {ident} (it may have ended)")
+            return _error(404, f"no live session {ident} (it may have ended; mailsluice "
+                          "ctl sessions lists those open)")  # fmt: skip
         return json_response(200, {"aborted": ident})
 
     async def transcript(request: Request) -> Response:
@@ -199,8 +204,9 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         try:
             # (on the loop: a small file, and the suspensions are read on the loop too)
             made = ctx.suspensions.add(
-                body.get("kind"), body.get("name"), body.get("seconds"), body.get("reason", "")
-            )
+                body.get("kind"), body.get("name"), body.get("seconds"), body.get("reason", ""),
+                ctx.targets,
+            )  # fmt: skip
         except SuspensionError as exc:
             return _error(400, str(exc))
         except OSError as exc:
@@ -214,7 +220,8 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         except OSError as exc:
             return _error(500, f"cannot write the suspensions file: {exc}")
         if ended is None:
-            return _error(404, f"no suspension {ident} (GET /api/suspensions lists them)")
+            return _error(404, f"no suspension {ident} (mailsluice ctl suspensions lists "
+                          "them)")  # fmt: skip
         return json_response(200, {"resumed": ended.as_json(time.time())})
 
     async def drain(request: Request) -> Response:

@@ -41,7 +41,7 @@ from mailsluice.runtime.admin.routes import Readiness, add_routes
 from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.statefile import state_path
-from mailsluice.runtime.suspensions import Suspensions
+from mailsluice.runtime.suspensions import Suspensions, Targets
 
 __all__ = [
     "SupervisorMetrics",
@@ -93,6 +93,16 @@ async def _start_server(settings: Settings, router: Router, token: str | None) -
 
 def _groups(settings: Settings) -> frozenset[str]:
     return frozenset(group.name for group in settings.fair.tenants)
+
+
+def targets_of(settings: Settings) -> Targets:
+    """What a suspension may name: the tenant groups, this proxy's source addresses."""
+    fair = settings.fair
+    sources = settings.sources.addresses()
+    if settings.outbound_ip and settings.outbound_ip not in sources:
+        sources = (settings.outbound_ip, *sources)
+    groups = tuple(group.name for group in fair.tenants)
+    return Targets(groups=groups, tenant_of=fair.tenant_of, sources=sources)
 
 
 def suspensions_of(settings: Settings) -> Suspensions:
@@ -154,9 +164,10 @@ class WorkerMetrics:
                 suspensions=services.suspensions, registry=self.registry,
                 sessions=lambda: live.live_sessions(connections, time.time()),
                 abort=abort, scheduler=local, drain=drain, reload=reload,
+                draining=lambda: not ready(),
                 held=lambda session_id: live.held_transcript(connections, session_id),
                 log_url=self._settings.log,
-                weights=self._settings.fair.weights(),
+                weights=self._settings.fair.weights(), targets=targets_of(self._settings),
             )  # fmt: skip
             add_dashboard(add_api(router, context))
             self.server = await _start_server(self._settings, router, self._token)
@@ -231,7 +242,17 @@ async def host_admin(
         (path / f"abort-{session_id}").unlink(missing_ok=True)
         return False
 
+    draining = False
+
     def drain() -> str:
+        nonlocal draining
+        if not draining:
+            log.warning(
+                "draining (ctl drain): SIGTERM to the supervisor (pid %d): its workers stop "
+                "accepting, finish their sessions within shutdown_grace and exit",
+                os.getppid(),
+            )
+        draining = True
         os.kill(os.getppid(), signal.SIGTERM)  # the supervisor: the workers drain and exit
         return (
             f"the supervisor (pid {os.getppid()}) stops: its workers stop accepting, "
@@ -253,8 +274,10 @@ async def host_admin(
     context = ApiContext(
         suspensions=suspensions_of(settings), registry=registry,
         sessions=lambda: live.read_published(path), abort=abort, scheduler=scheduler,
-        drain=drain, reload=reload if reloadable else None, log_url=settings.log,
+        drain=drain, draining=lambda: draining, reload=reload if reloadable else None,
+        log_url=settings.log,
         weights=settings.fair.weights(), workers=settings.workers,
+        targets=targets_of(settings),
     )  # fmt: skip
     add_dashboard(add_api(router, context))
     server = await _start_server(settings, router, token)
