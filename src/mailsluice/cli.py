@@ -203,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     transcript = sub.add_parser("transcript", help="print one session's commands and replies")
     _common_log_options(transcript)
-    transcript.add_argument("id", help="session id (a unique prefix is enough)")
+    transcript.add_argument(
+        "id",
+        help="session id: all of it, its start, or its end (its number, e.g. 000042; a "
+        "process's ids share their first 12 characters), as long as one session matches",
+    )
 
     from mailsluice.ctl_cli import add_parsers as add_ctl_parsers
 
