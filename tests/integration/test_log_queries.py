@@ -117,8 +117,9 @@ def test_the_cli_finds_a_proxy_session_by_its_number(tmp_path: Path, scheme: str
     ids = [f"6b0f675c1489-{n:06d}" for n in (1, 2, 12)]
     path = tmp_path / ("log.db" if scheme == "sqlite" else "log.jsonl")
     backend = SqliteBackend(path) if scheme == "sqlite" else JsonlBackend(path)
-    write(backend, [r for sid in ids for r in (_opened(sid, NOW, "192.0.2.1:1", "192.0.2.2:25"),
-                                              _closed(sid, NOW + 1, 221, tls=False))], 4)  # fmt: skip
+    made = [(_opened(sid, NOW, "192.0.2.1:1", "192.0.2.2:25"), _closed(sid, NOW + 1, 221, False))
+            for sid in ids]  # fmt: skip
+    write(backend, [record for pair in made for record in pair], 4)
     url = f"{scheme}:{path}"
     out, err = io.StringIO(), io.StringIO()
     assert print_transcript(url, "000002", out, err=err) == 0, err.getvalue()
