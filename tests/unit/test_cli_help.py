@@ -21,9 +21,10 @@ def _undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
                 if name not in helped:
                     found.append(f"{path} {name} (the command)")
                 found += _undocumented(sub, f"{path} {name}")
-        elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
-            if not action.help or action.help == argparse.SUPPRESS:
-                found.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        elif not isinstance(action, argparse._HelpAction | argparse._VersionAction) and (
+            not action.help or action.help == argparse.SUPPRESS
+        ):
+            found.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
     return found
 
 

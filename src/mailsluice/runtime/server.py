@@ -253,7 +253,8 @@ class Proxy:
             self._source_names = self._group.create_task(self.services.sources.names.run())
         if self._tls_results is not None:
             self._reporting = self._group.create_task(self._tls_results.run())
-        log.info("listening on %s (%s)", self.listening_on, self._mode())
+        # (``serve`` says "listening on" once, on standard output: not here as well, or
+        # the journal, which takes both outputs, would have it twice)
         return self
 
     def drain(self) -> str:

@@ -46,6 +46,7 @@ from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsresume import Resumption
 from mailsluice.runtime.upstreampool import UpstreamPool
+from mailsluice.runtime.verbose import verbose_tee
 from mailsluice.sessionlog import LogWriter
 from mailsluice.smtp.replies import Reply
 
@@ -137,6 +138,14 @@ def _relay_config(settings: Settings, mx_tls: MxTls) -> RelayConfig:
     )  # fmt: skip
 
 
+def _submitter(
+    settings: Settings, log_writer: LogWriter, metrics: Metrics | None
+) -> Callable[[Record], None]:
+    """Where the relay's records go: the log writer, the metrics, ``-v``'s lines."""
+    submit = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
+    return verbose_tee(submit) if settings.verbose else submit
+
+
 class _Registry:
     """The live connections, shared by every generation."""
 
@@ -167,8 +176,7 @@ class Services:
         self.client_tls_context = client_tls_context
         self.log_writer = log_writer
         self.metrics = metrics
-        submit = log_writer.submit
-        self.submit_record = submit if metrics is None else metrics.tee(submit)
+        self.submit_record = _submitter(settings, log_writer, metrics)
         self.admission = admission
         fair = settings.fair
         self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
@@ -215,8 +223,8 @@ class Services:
         new = copy.copy(self)
         new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
         new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
-        metrics = self.metrics  # the records go to this generation's writer (and counted)
-        new.submit_record = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
+        # the records go to this generation's writer (and counted, and said with -v)
+        new.submit_record = _submitter(settings, log_writer, self.metrics)
         new.relay_config = _relay_config(settings, mx_tls)
         new._mine, new.drained = set(), None
         return new

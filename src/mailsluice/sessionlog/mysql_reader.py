@@ -195,5 +195,5 @@ def _resolve(conn: Connection, prefix: str, shown: str) -> str:
                 f"ESCAPE '!' LIMIT {AMBIGUOUS_SHOWN + 1}",
                 ["%" + exact],
             )
-            candidates.update(row["id"] for row in rows if as_str(row["id"]).endswith(prefix))
+            candidates.update(row["id"] for row in rows if str(row["id"]).endswith(prefix))
     return choose_session(prefix, candidates, shown)
