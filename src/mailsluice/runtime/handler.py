@@ -130,7 +130,7 @@ class ConnectionHandler:
             destination = services.route(sock)
         except OSError as exc:
             log.warning("cannot route %s: %s", format_address(peer), exc)
-            refusal = services.routing_failure(str(exc))
+            refusal = services.routing_failure(str(exc), peer[0])
         now = time.time()
         if refusal is None:
             refusal = services.admit(peer[0], destination, sock)

@@ -99,7 +99,7 @@ class ConnectionServices(Protocol):
 
     def route(self, sock: socket.socket | None) -> tuple[str, int]: ...
 
-    def routing_failure(self, detail: str) -> Reply: ...
+    def routing_failure(self, detail: str, client_ip: str = "") -> Reply: ...
 
     def admit(
         self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
@@ -274,7 +274,12 @@ class Services:
             raise OSError("no socket to read the original destination from")
         return original_destination(sock)
 
-    def routing_failure(self, detail: str) -> Reply:
+    def routing_failure(self, detail: str, client_ip: str = "") -> Reply:
+        """The reply when the original destination cannot be read: a client outside
+        ``allow`` is refused as such (4.7.1, as documented), the others 4.3.5."""
+        refused = self.admission.stranger(client_ip) if client_ip else None
+        if refused is not None:
+            return refused
         host = self.settings.relay.hostname
         return Reply.make(421, "4.3.5", f"{host} Error: cannot find the original destination")
 
