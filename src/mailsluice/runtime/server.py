@@ -169,7 +169,7 @@ class Proxy:
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
         self._tls_state = state_path(settings.state_file, settings.log)
         mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
-        self._tls_results = self._tlsrpt if mx_tls.gate is not None else None
+        self._tls_results = self._tlsrpt  # every session's result (``tlsrpt_count``)
         metrics = self.admin.metrics if self.admin is not None else None
         self.services = _services(
             settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics
@@ -422,8 +422,8 @@ class Proxy:
         return True
 
     def _report_tls(self, mx_tls: MxTls) -> None:
-        """TLS report counts written to disk once some policy checks (maybe only now)."""
-        if mx_tls.gate is None or self._tlsrpt is None or self._reporting is not None:
+        """TLS report counts written to disk (``tlsrpt`` on: maybe only now)."""
+        if mx_tls.results is None or self._tlsrpt is None or self._reporting is not None:
             return
         if self._group is not None:
             self._tls_results = self._tlsrpt

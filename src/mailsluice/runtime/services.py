@@ -45,6 +45,7 @@ from mailsluice.runtime.suspensions import Suspensions
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsresume import Resumption
+from mailsluice.runtime.tlsrpt_count import TlsRptCounter
 from mailsluice.runtime.upstreampool import UpstreamPool
 from mailsluice.runtime.verbose import verbose_tee
 from mailsluice.sessionlog import LogWriter
@@ -139,10 +140,14 @@ def _relay_config(settings: Settings, mx_tls: MxTls) -> RelayConfig:
 
 
 def _submitter(
-    settings: Settings, log_writer: LogWriter, metrics: Metrics | None
+    settings: Settings, log_writer: LogWriter, metrics: Metrics | None, mx_tls: MxTls
 ) -> Callable[[Record], None]:
-    """Where the relay's records go: the log writer, the metrics, ``-v``'s lines."""
+    """Where the relay's records go: the log writer, the metrics, the TLS report counts
+    the per-domain check does not make (``tlsrpt_count``), ``-v``'s lines."""
     submit = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
+    if mx_tls.results is not None:
+        counter = TlsRptCounter(mx_tls.results, mx_tls.policies, checked=mx_tls.gate is not None)
+        submit = counter.tee(submit)
     return verbose_tee(submit) if settings.verbose else submit
 
 
@@ -176,10 +181,10 @@ class Services:
         self.client_tls_context = client_tls_context
         self.log_writer = log_writer
         self.metrics = metrics
-        self.submit_record = _submitter(settings, log_writer, metrics)
         self.admission = admission
         fair = settings.fair
         self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
+        self.submit_record = _submitter(settings, log_writer, metrics, self.mx_tls)
         self.relay_config = _relay_config(settings, self.mx_tls)
         self.destinations: Destinations | None = None
         if fair.enabled:
@@ -224,7 +229,7 @@ class Services:
         new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
         new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
         # the records go to this generation's writer (and counted, and said with -v)
-        new.submit_record = _submitter(settings, log_writer, self.metrics)
+        new.submit_record = _submitter(settings, log_writer, self.metrics, mx_tls)
         new.relay_config = _relay_config(settings, mx_tls)
         new._mine, new.drained = set(), None
         return new
