@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from mailsluice.runtime.admin.collect import SchedulerView
+from mailsluice.runtime.admin.history import History
 from mailsluice.runtime.admin.http import Request, Response, Router
 from mailsluice.runtime.admin.live import valid_session_id
 from mailsluice.runtime.suspensions import SuspensionError, Suspensions, Targets
@@ -50,6 +51,7 @@ class ApiContext:
     targets: Targets | None = None  # what a suspension may name (None: anything)
     workers: int = 1
     started: float = field(default_factory=time.time)
+    history: History | None = None  # the last 15 minutes' totals (``history``)
 
 
 def json_response(status: int, value: object) -> Response:
@@ -81,6 +83,17 @@ def _counter_totals(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
     return out
 
 
+def chart_totals(registry: CollectorRegistry) -> tuple[float, float]:
+    """What the dashboard's chart draws, cumulative: messages delivered, and deferrals
+    (the transactions deferred, by the MX or by us, and every 4xx of an MX)."""
+    totals = _counter_totals(registry)
+    outcomes = totals["mailsluice_transactions"]
+    deferred = sum(v for k, v in outcomes.items() if k.startswith("deferred"))
+    return outcomes.get("delivered", 0.0), deferred + sum(
+        totals["mailsluice_mx_deferrals"].values()
+    )
+
+
 def add_api(router: Router, ctx: ApiContext) -> Router:
     """Add the JSON API's routes to ``router``."""
 
@@ -105,6 +118,11 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
 
     async def sessions(request: Request) -> Response:
         return json_response(200, {"sessions": ctx.sessions()})
+
+    async def history(request: Request) -> Response:
+        if ctx.history is None:
+            return json_response(200, {"step_s": 0, "span_s": 0, "samples": []})
+        return json_response(200, ctx.history.as_json())
 
     async def abort(request: Request) -> Response:
         ident = request.params.get("id", "")
@@ -241,6 +259,7 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
 
     router.add("GET", "/api/overview", overview)
     router.add("GET", "/api/sessions", sessions)
+    router.add("GET", "/api/history", history)
     router.add("POST", "/api/sessions/{id}/abort", abort)
     router.add("GET", "/api/sessions/{id}/transcript", transcript)
     router.add("GET", "/api/recent", recent)

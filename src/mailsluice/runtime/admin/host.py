@@ -33,9 +33,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from mailsluice.config import ConfigError, Settings, check_admin
 from mailsluice.runtime.admin import live, multiproc
-from mailsluice.runtime.admin.api import ApiContext, add_api
+from mailsluice.runtime.admin.api import ApiContext, add_api, chart_totals
 from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
 from mailsluice.runtime.admin.dashboard import add_dashboard
+from mailsluice.runtime.admin.history import History
 from mailsluice.runtime.admin.http import AdminServer, Router
 from mailsluice.runtime.admin.routes import Readiness, add_routes
 from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
@@ -124,6 +125,8 @@ class WorkerMetrics:
         self.server: AdminServer | None = None
         self._services: Services | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self._history: History | None = None  # the dashboard's chart, kept here (one process)
+        self._charting: asyncio.Task[None] | None = None
 
     def renewed(self, services: Services) -> None:
         """A generation of the services (at start, and after each reload): its TLS
@@ -160,6 +163,8 @@ class WorkerMetrics:
             async def abort(session_id: str) -> bool:
                 return live.abort_session(connections, session_id)
 
+            registry = self.registry
+            self._history = History(lambda: chart_totals(registry))
             context = ApiContext(
                 suspensions=services.suspensions, registry=self.registry,
                 sessions=lambda: live.live_sessions(connections, time.time()),
@@ -168,9 +173,11 @@ class WorkerMetrics:
                 held=lambda session_id: live.held_transcript(connections, session_id),
                 log_url=self._settings.log,
                 weights=self._settings.fair.weights(), targets=targets_of(self._settings),
+                history=self._history,
             )  # fmt: skip
             add_dashboard(add_api(router, context))
             self.server = await _start_server(self._settings, router, self._token)
+            self._charting = group.create_task(self._history.run())
         self._sampler = group.create_task(self._sample_forever())
 
     def sample(self) -> None:
@@ -198,6 +205,9 @@ class WorkerMetrics:
         if self._sampler is not None:
             self._sampler.cancel()
             self._sampler = None
+        if self._charting is not None:
+            self._charting.cancel()
+            self._charting = None
         if self.server is not None:
             await self.server.close()
             self.server = None
@@ -271,18 +281,24 @@ async def host_admin(
 
     readiness: Readiness = ready
     router = add_routes(Router(), registry, readiness)
+    chart = History(lambda: chart_totals(registry))
     context = ApiContext(
         suspensions=suspensions_of(settings), registry=registry,
         sessions=lambda: live.read_published(path), abort=abort, scheduler=scheduler,
         drain=drain, draining=lambda: draining, reload=reload if reloadable else None,
         log_url=settings.log,
         weights=settings.fair.weights(), workers=settings.workers,
-        targets=targets_of(settings),
+        targets=targets_of(settings), history=chart,
     )  # fmt: skip
     add_dashboard(add_api(router, context))
     server = await _start_server(settings, router, token)
     try:
-        yield server
+        async with asyncio.TaskGroup() as group:
+            charting = group.create_task(chart.run())
+            try:
+                yield server
+            finally:
+                charting.cancel()
     finally:
         await server.close()
 
