@@ -253,11 +253,11 @@ async def test_the_dashboard_opened_mid_run_shows_the_last_minutes_at_once(
         async with asyncio.TaskGroup() as group:
             sending = group.create_task(asyncio.to_thread(traffic.run))
             try:
-                held = [await held_session(proxy, "127.0.0.2") for _ in range(2)]
                 await acall(port, "POST", "/api/suspensions",
                             {"kind": "tenant", "name": "news", "seconds": 1800,
                              "reason": "flood from its list server"})  # fmt: skip
                 await asyncio.sleep(45 if screenshot else 5)  # the run before the page opens
+                held = [await held_session(proxy, "127.0.0.2") for _ in range(2)]
                 opened = time.time()
                 await asyncio.to_thread(browser.get, f"http://127.0.0.1:{port}/")
                 await _until(lambda: browser.find_element(By.ID, "token").is_displayed())
