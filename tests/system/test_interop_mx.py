@@ -170,18 +170,7 @@ POSTSCREEN = {
 }
 
 
-#: mailsluice's own set-up on a new connection sends the transaction's held commands
-#: (MAIL, RCPT, DATA) at once when the client was told PIPELINING (the memo of smtpd's
-#: EHLO), even when the new connection's EHLO (postscreen's engine) does not offer it:
-#: postscreen logs COMMAND PIPELINING and answers 550 5.5.1, and the tenant bounces the
-#: message. In the relay core (relay/borrowed.py ``_ready``), reported to the lead.
-PIPELINING_DEFECT = pytest.mark.xfail(
-    reason="held commands pipelined to a new connection that does not offer PIPELINING",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("path", [pytest.param("mailsluice", marks=PIPELINING_DEFECT), DIRECT])
+@pytest.mark.parametrize("path", ["mailsluice", DIRECT])
 def test_postfix_postscreen(path: str) -> None:
     """A Postfix MX behind postscreen with its deep protocol tests: a new client's RCPTs
     get 450 4.3.2 until it passes and comes back on a new connection. Through mailsluice:
