@@ -64,9 +64,7 @@ def test_allocation_and_leases_match_the_model(
     expected = allocate(limit, tenants, quantum)
     assert dict(answer["given"] or []) == expected
     assert sum(expected.values()) <= limit
-    want = [
-        lease(limit=a, target=b, others=c, in_use=d, bound=e) for a, b, c, d, e in rows
-    ]
+    want = [lease(limit=a, target=b, others=c, in_use=d, bound=e) for a, b, c, d, e in rows]
     assert (answer["leases"] or []) == want
 
 

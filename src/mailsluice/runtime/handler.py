@@ -130,7 +130,7 @@ class ConnectionHandler:
             destination = services.route(sock)
         except OSError as exc:
             log.warning("cannot route %s: %s", format_address(peer), exc)
-            refusal = services.routing_failure(str(exc))
+            refusal = services.routing_failure(str(exc), peer[0])
         now = time.time()
         if refusal is None:
             refusal = services.admit(peer[0], destination, sock)
@@ -322,6 +322,10 @@ class ConnectionHandler:
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
 
+    def abort(self) -> None:
+        """The operator ends the session (``ctl abort``): 421, its own close reason."""
+        self._feed(ev.Aborted())
+
     def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
         """The transcript lines the relay holds, not yet in the log."""
         return self.relay.held_lines() if self.relay is not None else ()
@@ -382,8 +386,9 @@ class ConnectionHandler:
                 else:  # (gone, or a bug of ours: no context, yet TLS was offered)
                     self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
             case act.CloseServer():
-                self.mx.close()
-                self._let_go()
+                if self._fair is None or not self.mx.close_counted():
+                    self.mx.close()
+                    self._let_go()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:

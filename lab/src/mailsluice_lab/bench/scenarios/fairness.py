@@ -254,9 +254,7 @@ def run_fairness(
     figures.update(ideal(run, figures.get("completion_s"), limit))
     if run.status == "ok":
         return figures
-    sent: dict[str, int] = {}
-    for item in run.submitted:
-        sent[str(item.tenant)] = sent.get(str(item.tenant), 0) + 1
+    sent = sent_per_tenant(run)
     got = {t: f["count"] for t, f in figures["tenants"].items()}
     figures["unfinished"] = {t: f"{got.get(t, 0)}/{n}" for t, n in sorted(sent.items())}
     figures["deadline_s"] = deadline
@@ -277,6 +275,14 @@ def ideal(run: VariantRun, completion: float | None, limit: int) -> dict[str, An
         return {"ideal_s": None, "completion_over_ideal": None}
     best = len(run.received) * gaps[len(gaps) // 2] / limit
     return {"ideal_s": round(best, 2), "completion_over_ideal": ratio(completion, best)}
+
+
+def sent_per_tenant(run: VariantRun) -> dict[str, int]:
+    """How many messages each tenant of ``run`` sent."""
+    sent: dict[str, int] = {}
+    for item in run.submitted:
+        sent[str(item.tenant)] = sent.get(str(item.tenant), 0) + 1
+    return sent
 
 
 def explanations(backoff: float, deadline: float) -> list[str]:
@@ -329,7 +335,9 @@ def finish(args: argparse.Namespace, runs: dict[str, VariantRun]) -> None:
         from mailsluice_lab.bench.scenarios import plots, plots_slots
 
         starts = {label: t0(run) for label, run in runs.items()}
-        return [*plots.plot_fairness(out, deliveries, starts=starts),
+        cuts = {label: (args.deadline_s, sent_per_tenant(run)) for label, run in runs.items()
+                if run.status != "ok"}  # fmt: skip
+        return [*plots.plot_fairness(out, deliveries, starts=starts, cuts=cuts),
                 *plots_slots.plot_slots(out, files["slots"], files.get("state"),
                                         limit=args.limit, scenario=SCENARIO)]  # fmt: skip
 
