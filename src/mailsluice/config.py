@@ -63,7 +63,7 @@ TOP_KEYS = (
     "message_size_limit", "max_recipients", "bare_newline", "tls", "log_headers", "xverp",
     "hostname", "timeouts", "log_sinks", "filtering", "filters", "plugins", "fair_sharing",
     "destinations", "tenants", "deferral_rules", *CLIENT_KEYS, "tls_policy", "tls_policies",
-    "source_addresses", "source_rules", "source_penalty",
+    "source_addresses", "source_rules", "source_penalty", "shared_state", "gateway_name",
 )  # fmt: skip
 
 AllowEntry = ipaddress.IPv4Network | ipaddress.IPv6Network | Literal["local"]
