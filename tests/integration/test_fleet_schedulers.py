@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from ipaddress import ip_network
 
 import pytest
 from tests.support.fleet_sim import SimGateway, SimMx
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
+from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.fleet.scheduler import LEASE_TTL
 
@@ -73,6 +75,30 @@ async def test_a_capacity_refusal_lowers_the_limit_for_every_gateway(
     assert a.done
     assert b.done
     assert a.failed == b.failed == 0
+
+
+async def test_a_rules_rate_is_the_fleets(redis_server: RedisServer) -> None:  # noqa: F811
+    """``max_messages_per_minute = 600`` for the MX: the two gateways together keep to it
+    (each paces at its share), where two alone would send twice as much."""
+    rule = DestinationRule(network=ip_network("198.51.100.0/24"), max_messages_per_minute=600)
+    mx = SimMx()
+    a = SimGateway("gw-a", redis_server.url, mx, fixed=4, destinations=(rule,))
+    b = SimGateway("gw-b", redis_server.url, mx, fixed=4, destinations=(rule,))
+    until = time.monotonic() + 6
+    async with asyncio.TaskGroup() as group:
+        a.start(group)
+        b.start(group)
+        a.tenant(group, "t1", 4, until)
+        b.tenant(group, "t2", 4, until)
+        await asyncio.sleep(1.0)  # both joined, shares known
+        before = sum(a.done.values()) + sum(b.done.values())
+        await asyncio.sleep(4.0)
+        sent = sum(a.done.values()) + sum(b.done.values()) - before
+        a.stop()
+        b.stop()
+    assert 30 <= sent <= 48  # 10 a second for 4 s (+ a grant each may make early)
+    assert a.done["t1"]
+    assert b.done["t2"]
 
 
 async def test_a_gateway_that_dies_loses_its_leases(redis_server: RedisServer) -> None:  # noqa: F811

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mailsluice.fleetconfig import parse_shared_state
+from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.fleet.join import join
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
@@ -57,6 +58,7 @@ class SimGateway:
     def __init__(
         self, name: str, url: str, mx: SimMx, *, fixed: int | None = None,
         duration: float = 0.02, rules: LimitRules | None = None, shared: bool = True,
+        destinations: tuple[DestinationRule, ...] = (),
     ) -> None:  # fmt: skip
         self.name, self.mx, self.duration = name, mx, duration
         self.rules = rules or LimitRules(start=5, quiet=60.0)
@@ -64,6 +66,7 @@ class SimGateway:
         self.local = LocalScheduler(
             rules=self.rules, weight=lambda t: 1.0, deliver=self._deliver, clock=time.monotonic,
             later=loop.call_later, fixed=(lambda key: fixed) if fixed else None,
+            destinations=destinations,
         )  # fmt: skip
         scheduler, self.link = join(
             self.local, parse_shared_state(url), gateway=name, rules=self.rules,

@@ -14,8 +14,7 @@ scheduler's process) or the recipient domain bound to it sets its fixed limit, t
 transactions a connection carries (sent with each ``Take``) and its message rate, which
 with a deferral rule's rate or suspension paces the grants (``policy.pacing``; ``later``,
 the loop's ``call_later``, fills the waiting room again when the next grant is due).
-Tenants are keyed as the workers name them (``tenant``, or ``tenant@worker`` with
-several: an idle connection can only be reused in its worker); weights follow the tenant.
+Tenants are keyed as the workers name them (``tenant``, or ``tenant@worker``).
 """
 
 from __future__ import annotations
@@ -384,16 +383,20 @@ class LocalScheduler:
     def latency(self, key: DestKey, greeting: float | None, to_354: float | None) -> None:
         self._get(key).tally.latency(greeting, to_354)
 
-    def restrict(self, key: DestKey, value: int | None) -> None:
-        """The limit set from outside (the fleet's share: ``runtime.fleet``; 0: none yet)."""
+    def restrict(self, key: DestKey, value: int | None, per_minute: float | None = None) -> None:
+        """The limit set from outside (the fleet's share: ``runtime.fleet``; 0: none yet),
+        and the share of the rule's rate (None: the rule's own)."""
         destination = self._get(key)
         destination.outside = value
+        if per_minute is not None:
+            destination.pacing.set_rate(per_minute)
         effective = self._effective(destination, destination.limit.value)
         self._run(key, destination, self._share(destination).set_limit(effective))
 
-    def share_of(self, key: DestKey) -> tuple[FairShare, int | None] | None:
-        d = self._all.get(key)  # its share, its configured limit
-        return None if d is None else (d.share, d.limit.value if d.limit.fixed else None)
+    def share_of(self, key: DestKey) -> tuple[FairShare, int | None, float | None] | None:
+        d = self._all.get(key)  # its share, its configured limit and rate
+        rate = self._limits(d.rule).max_messages_per_minute if d is not None else None
+        return None if d is None else (d.share, d.limit.value if d.limit.fixed else None, rate)
 
     def _effective(self, destination: _Destination, value: int) -> int:
         if destination.outside is not None:

@@ -15,6 +15,10 @@ limit (``LocalScheduler.restrict``):
   below it, it takes free leases;
 * the limit is learned for the fleet: a capacity refusal seen here lowers it for every
   gateway (to what the fleet had up), accepted transactions at full use raise it;
+* a rule's message rate (``max_messages_per_minute``) is shared as the connections are:
+  each gateway paces its grants at the rate times its target over the limit (what the
+  fleet's targets add up to, within a report), the rate over the gateways alive in a
+  fallback;
 * without the shared state (unreachable, or slower than the deadline) each destination
   falls back to a local share: the limit over the gateways last seen alive, and for a
   lease's life no more than this gateway held (the others need that long to notice too).
@@ -63,6 +67,7 @@ class _Dest:
     fallback_since: float = 0.0
     fallbacks: int = 0
     steady_at: float = 0.0  # no growth before then (the fleet's state is being rebuilt)
+    per_minute: float | None = None  # this gateway's share of the rule's rate, in force
 
 
 class FleetScheduler:
@@ -180,10 +185,18 @@ class FleetScheduler:
                 self.local.restrict(key, 0)  # nothing before the fleet's first answer
         return dest
 
-    def _bind(self, key: DestKey, dest: _Dest, bound: int) -> None:
-        if bound != dest.bound:
-            dest.bound = bound
-            self.local.restrict(key, bound)
+    def _bind(self, key: DestKey, dest: _Dest, bound: int, share: float | None = None) -> None:
+        """The local limit (``bound``) and the share of the rule's rate (``share`` of it:
+        the gateway's share of the fleet's connections, or of the gateways alive; None:
+        as it is)."""
+        per_minute = dest.per_minute
+        if share is not None:
+            found = self.local.share_of(key)
+            rate = found[2] if found is not None else None
+            per_minute = rate * share if rate else None
+        if bound != dest.bound or per_minute is not None or dest.per_minute is not None:
+            dest.bound, dest.per_minute = bound, per_minute
+            self.local.restrict(key, bound, per_minute)
 
     def _demand(self, key: DestKey) -> tuple[int, list[list[Any]]]:
         """Connections in use here, and per tenant [name, weight, held, waiting]."""
@@ -281,7 +294,7 @@ class FleetScheduler:
         bound = min(dest.target, dest.lease)
         if now < dest.steady_at:  # until every live gateway has reported what it holds
             bound = min(bound, dest.bound)
-        self._bind(key, dest, bound)
+        self._bind(key, dest, bound, max(1, dest.target) / max(1, dest.limit))
         self._touched(key)  # (leases to give back now: reported again)
 
     def lost(self, reason: str) -> None:
@@ -300,7 +313,7 @@ class FleetScheduler:
     def _fall_back(self, key: DestKey, dest: _Dest, now: float) -> None:
         dest.fallback, dest.fallback_since = True, now
         dest.fallbacks += 1
-        self._bind(key, dest, min(self._share(key, dest), dest.lease))
+        self._bind(key, dest, min(self._share(key, dest), dest.lease), 1 / dest.alive)
 
     def _share(self, key: DestKey, dest: _Dest) -> int:
         limit = self._configured(key) or dest.limit or self.rules.start
@@ -313,7 +326,7 @@ class FleetScheduler:
         now = self._clock()
         for key, dest in self._all.items():
             if dest.fallback and now - dest.fallback_since >= LEASE_TTL:
-                self._bind(key, dest, self._share(key, dest))
+                self._bind(key, dest, self._share(key, dest), 1 / dest.alive)
 
     def rejoined(self) -> None:
         """The shared state answers again: every destination reports (its local share
