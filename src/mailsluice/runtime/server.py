@@ -56,7 +56,7 @@ from mailsluice.runtime.admin.host import (
 )
 from mailsluice.runtime.admission import Admission
 from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
-from mailsluice.runtime.fleet.join import fleet_here
+from mailsluice.runtime.fleet.join import fleet_here, share_penalties
 from mailsluice.runtime.handler import ClientProtocol
 from mailsluice.runtime.listener import (
     Listener,
@@ -188,6 +188,7 @@ class Proxy:
         self._resolving: asyncio.Task[None] | None = None  # the host rules' names
         self._source_names: asyncio.Task[None] | None = None  # the source rules' MX names
         self._fleet: asyncio.Task[None] | None = None  # shared_state's link (runtime.fleet)
+        self._penalties: asyncio.Task[None] | None = None  # the fleet's source penalties
 
     @property
     def port(self) -> int:
@@ -253,6 +254,9 @@ class Proxy:
             self._resolving = self._group.create_task(destinations.names.run())
         if self.services.fleet is not None:  # shared_state: the fleet's leases and limits
             self._fleet = self._group.create_task(self.services.fleet.run())
+        if self.settings.shared_state is not None and self.services.sources.configured:
+            penalties = share_penalties(self.settings.shared_state, lambda: self.services.sources)
+            self._penalties = self._group.create_task(penalties)  # ... and source penalties
         if self.services.sources.names.needed:  # the mx_host names of [[source_rules]]
             self._source_names = self._group.create_task(self.services.sources.names.run())
         if self._tls_results is not None:
@@ -336,6 +340,9 @@ class Proxy:
             await self.services.fleet.leave()  # the leases go back now, not at their expiry
             self._fleet.cancel()
             self._fleet = None
+        if self._penalties is not None:
+            self._penalties.cancel()
+            self._penalties = None
 
     async def __aexit__(
         self,

@@ -157,6 +157,13 @@ class SourceSelector:
                     source, "reputation", mx_ip, self._settings.penalty, code, text)  # fmt: skip
         return True
 
+    def penalise(self, source: str, mx_ip: str, until: float) -> None:
+        """A penalty another gateway of the fleet saw (``runtime.fleet.penalties``): out
+        until ``until`` (epoch), if it is one of ours and ends later than ours."""
+        out = self._out.setdefault(mx_ip, {})
+        if self._is_ours(source) and out.get(source, 0.0) < until:
+            out[source] = until
+
     def _is_ours(self, source: str) -> bool:
         return any(m.address == source for pool in self._pools.values() for m in pool.members)
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from mailsluice.config import Settings
 from mailsluice.fleetconfig import SharedState, default_gateway_name
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.fleet.link import FleetLink, connect
+from mailsluice.runtime.fleet.link import DEADLINE, PREFIX, FleetLink, connect
+from mailsluice.runtime.fleet.penalties import SharedPenalties
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.orders import Scheduler
 from mailsluice.runtime.scheduler import LocalScheduler
 
-__all__ = ["fleet_here", "join"]
+__all__ = ["fleet_here", "join", "share_penalties"]
 
 
 def join(
@@ -30,6 +32,12 @@ def join(
         local, gateway=gateway or default_gateway_name(), rules=rules, weight=weight, clock=clock
     )
     return fleet, FleetLink(fleet, connect(state))
+
+
+def share_penalties(state: SharedState, selector: Callable[[], Any]) -> Coroutine[Any, Any, None]:
+    """The source-address penalties of this process shared with the fleet, every second
+    (``runtime.fleet.penalties``): a task of the proxy's, in every worker."""
+    return SharedPenalties(connect(state), PREFIX, selector).run(DEADLINE)
 
 
 def fleet_here(
