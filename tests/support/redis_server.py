@@ -40,8 +40,9 @@ class RedisServer:
     """One private redis-server (see the module docstring)."""
 
     def __init__(
-        self, workdir: Path, *, host: str = "127.0.0.1", port: int = 0, netns: str | None = None
-    ) -> None:
+        self, workdir: Path, *, host: str = "127.0.0.1", port: int = 0, netns: str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -51,6 +52,7 @@ class RedisServer:
         self.dir = workdir
         self.netns = netns
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra = extra  # more options (--requirepass ...)
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -60,7 +62,8 @@ class RedisServer:
     def start(self) -> None:
         argv = [self.binary, "--port", str(self.port), "--bind", self.host, "--save", "",
                 "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no",
-                "--protected-mode", "no", "--logfile", str(self.dir / "redis.log")]  # fmt: skip
+                "--protected-mode", "no", "--logfile", str(self.dir / "redis.log"),
+                *self.extra]  # fmt: skip
         if self.netns is not None:
             argv = ["ip", "netns", "exec", self.netns, *argv]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -83,7 +86,7 @@ class RedisServer:
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -73,10 +73,22 @@ def connect(state: SharedState) -> aioredis.Redis:
             list(state.hosts), sentinel_kwargs={"password": password, "socket_timeout": DEADLINE},
             ssl=state.tls, **options,
         )  # fmt: skip
-        client: aioredis.Redis = sentinel.master_for(state.service)
+        client: _Mastered = sentinel.master_for(state.service, redis_class=_Mastered)
+        client.sentinels = list(sentinel.sentinels)
         return client
     host, port = state.hosts[0]
     return aioredis.Redis(host=host, port=port, ssl=state.tls, **options)
+
+
+class _Mastered(aioredis.Redis):
+    """The master Sentinel names, closing the connections to the Sentinels with its own."""
+
+    sentinels: list[aioredis.Redis] = []
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.sentinels:
+            await sentinel.aclose()
 
 
 class FleetLink:
