@@ -104,6 +104,8 @@ class FleetLink:
         self.calls = 0  # round trips made (pipelines and pings)
         self.suspensions: SharedSuspensions | None = None  # the operator's, fleet-wide
         self._suspended = asyncio.Event()  # another gateway changed them
+        self._leaving = False  # shutdown: no report after the last
+        self._one = asyncio.Lock()  # one report at a time (the last after any in flight)
 
     def key(self, dest: DestKey) -> str:
         return f"{self.prefix}:dest:{{{dest_name(dest)}}}"
@@ -137,17 +139,21 @@ class FleetLink:
         while True:
             await self._wanted.wait()
             self._wanted.clear()
-            if not self.scheduler.down:
+            if not self.scheduler.down and not self._leaving:
                 await self.report(self.scheduler.pending())
                 await asyncio.sleep(PACE)  # what happens meanwhile goes in the next one
 
-    async def report(self, keys: Iterable[DestKey]) -> bool:
-        """One round trip: every destination in ``keys`` reports; False if it failed."""
-        scheduler = self.scheduler
+    async def report(self, keys: Iterable[DestKey], *, leave: bool = False) -> bool:
+        """One round trip: every destination in ``keys`` reports (``leave``: this gateway
+        stops, its records go); False if it failed."""
         keys = list(keys)
         if not keys:
             return True
-        requests = [json.dumps(scheduler.request(dest)) for dest in keys]
+        async with self._one:
+            return self._answered(keys, await self._exchange(keys, leave))
+
+    async def _exchange(self, keys: list[DestKey], leave: bool) -> list[Any] | None:
+        requests = [json.dumps(self.scheduler.request(dest, leave=leave)) for dest in keys]
         try:
             async with asyncio.timeout(DEADLINE):
                 try:
@@ -156,10 +162,15 @@ class FleetLink:
                     self._sha = None
                     answers = await self._send(keys, requests)
         except (RedisError, OSError, TimeoutError) as exc:
-            scheduler.lost(_reason(exc))
+            self.scheduler.lost(_reason(exc))
+            return None
+        return answers
+
+    def _answered(self, keys: list[DestKey], answers: list[Any] | None) -> bool:
+        if answers is None:
             return False
         for dest, answer in zip(keys, answers, strict=True):
-            scheduler.answered(dest, json.loads(answer))
+            self.scheduler.answered(dest, json.loads(answer))
         return True
 
     async def _send(self, keys: list[DestKey], requests: list[str]) -> list[Any]:
@@ -174,10 +185,11 @@ class FleetLink:
         return list(await pipe.execute())
 
     async def leave(self) -> None:
-        """Shutdown: what is left is reported (the leases of closed connections go back)."""
+        """Shutdown (the sessions are over): this gateway's records and leases go now, not
+        at their expiry."""
+        self._leaving = True
         if not self.scheduler.down:
-            self.scheduler.renew()
-            await self.report(self.scheduler.pending())
+            await self.report(self.scheduler.known(), leave=True)
 
     async def _beating(self) -> None:
         scheduler = self.scheduler
@@ -192,7 +204,7 @@ class FleetLink:
                 except (RedisError, OSError, TimeoutError):
                     continue
                 scheduler.rejoined()
-            else:
+            elif not self._leaving:
                 scheduler.renew()
                 self._wanted.set()
 

@@ -241,6 +241,10 @@ class FleetScheduler:
             dest.dirty = True
             self.kick()
 
+    def known(self) -> list[DestKey]:
+        """Every destination this gateway has a record of in the fleet's state."""
+        return list(self._all)
+
     def active(self) -> list[DestKey]:
         """The destinations whose leases must be renewed (or given back)."""
         out = []
@@ -255,8 +259,9 @@ class FleetScheduler:
         for key in self.active():
             self._all[key].dirty = True
 
-    def request(self, key: DestKey) -> dict[str, Any]:
-        """What this gateway reports and asks about ``key`` (the deltas are taken)."""
+    def request(self, key: DestKey, *, leave: bool = False) -> dict[str, Any]:
+        """What this gateway reports and asks about ``key`` (the deltas are taken);
+        ``leave``: it stops (shutdown): its record and leases go now."""
         dest = self._dest(key)
         in_use, tenants = self._demand(key)
         served, dest.served = dest.served, {}
@@ -271,7 +276,7 @@ class FleetScheduler:
             "bound": dest.bound, "fixed": self._configured(key), "start": rules.start,
             "floor": rules.floor, "ceiling": rules.ceiling, "quiet": int(rules.quiet * 1000),
             "accepted": dest.accepted, "refused": dest.refused, "known": dest.limit,
-            "quantum": QUANTUM, "leave": 0, "tenants": rows,
+            "quantum": QUANTUM, "leave": int(leave), "tenants": rows,
         }  # fmt: skip
         dest.accepted, dest.refused = 0, -1
         return request
