@@ -50,8 +50,8 @@ def test_the_installed_product_requires_nothing_of_the_lab() -> None:
 def test_pyproject_declares_only_what_the_proxy_needs() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime = _runtime(project["dependencies"])
-    # h11, dnspython: TLS; h11, prometheus-client: the admin server
-    assert runtime == {"uvloop", "cryptography", "dnspython", "h11", "prometheus-client"}
+    # h11, dnspython: TLS; h11, prometheus-client: the admin server; redis: shared_state
+    assert runtime == {"uvloop", "cryptography", "dnspython", "h11", "prometheus-client", "redis"}
     extras = project["optional-dependencies"]
     for extra, listed in extras.items():
         assert not {Requirement(text).name.lower() for text in listed} & LAB_ONLY, extra
