@@ -239,7 +239,7 @@ async def _serve_broker(
     server = await broker.listen(address)
     writer = None
     if state is not None:
-        writer = StateFile(state, broker.scheduler.views, broker.scheduler.learned)
+        writer = StateFile(state, broker.scheduler.views, broker.decider.learned)
         writer.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -487,5 +487,7 @@ class Destinations:
         return local.views() if local is not None else []
 
     def learned(self) -> dict[DestKey, int]:
-        local = self.local
-        return local.learned() if local is not None else {}
+        if self.local is None:
+            return {}
+        learned: Callable[[], dict[DestKey, int]] = getattr(self.scheduler, "learned")  # noqa: B009
+        return learned()  # (the fleet's limits, with shared_state)
