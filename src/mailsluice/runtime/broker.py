@@ -33,12 +33,11 @@ import socket
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.fleet.link import FleetLink
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
@@ -55,6 +54,9 @@ from mailsluice.runtime.statefile import StateFile, read_learned
 from mailsluice.runtime.suspensions import FILE_NAME, Suspensions
 from mailsluice.runtime.workers import hangup_ready
 
+if TYPE_CHECKING:  # (redis-py is imported only when a gateway joins a fleet)
+    from mailsluice.runtime.fleet.link import FleetLink
+
 __all__ = ["Broker", "BrokerClient", "broker_address", "run_broker"]
 
 log = logging.getLogger("mailsluice.broker")
@@ -62,7 +64,7 @@ log = logging.getLogger("mailsluice.broker")
 #: the admin server to run in the broker's process, given the scheduler
 AdminHere = Callable[[LocalScheduler], AbstractAsyncContextManager[object]]
 #: shared_state (``runtime.fleet.join``): the host's scheduler under the fleet's leases
-FleetHere = Callable[[LocalScheduler], tuple[FleetScheduler, FleetLink]]
+FleetHere = Callable[[LocalScheduler], tuple[FleetScheduler, "FleetLink"]]
 
 _CONNECT_TRIES = 100  # x 50 ms: a worker waits this long for the broker at start
 

@@ -41,7 +41,6 @@ from mailsluice.relay.records import Record
 from mailsluice.runtime.admission import Admission, Outbound
 from mailsluice.runtime.destinations import Destinations
 from mailsluice.runtime.fleet.join import join
-from mailsluice.runtime.fleet.link import FleetLink
 from mailsluice.runtime.origdst import original_destination
 from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.suspensions import Suspensions
@@ -57,6 +56,7 @@ from mailsluice.smtp.replies import Reply
 if TYPE_CHECKING:
     import ssl
 
+    from mailsluice.runtime.fleet.link import FleetLink
     from mailsluice.runtime.metrics import Metrics
 
 __all__ = ["ConnectionServices", "Registered", "Services"]

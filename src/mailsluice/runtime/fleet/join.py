@@ -1,19 +1,24 @@
-"""How a gateway joins the fleet (``shared_state``): its scheduler wrapped, the link made."""
+"""How a gateway joins the fleet (``shared_state``): its scheduler wrapped, the link made.
+
+The Redis client (``link``, ``penalties``) is imported here only when a gateway joins:
+without ``shared_state`` nothing imports redis-py at all.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mailsluice.config import Settings
 from mailsluice.fleetconfig import SharedState, default_gateway_name
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.fleet.link import DEADLINE, PREFIX, FleetLink, connect
-from mailsluice.runtime.fleet.penalties import SharedPenalties
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.orders import Scheduler
 from mailsluice.runtime.scheduler import LocalScheduler
+
+if TYPE_CHECKING:
+    from mailsluice.runtime.fleet.link import FleetLink
 
 __all__ = ["fleet_here", "join", "share_penalties"]
 
@@ -28,6 +33,8 @@ def join(
     clock: Callable[[], float],
 ) -> tuple[Scheduler, FleetLink]:
     """The scheduler to use instead of ``local``, and the link to run (``FleetLink.run``)."""
+    from mailsluice.runtime.fleet.link import FleetLink, connect
+
     fleet = FleetScheduler(
         local, gateway=gateway or default_gateway_name(), rules=rules, weight=weight, clock=clock
     )
@@ -37,6 +44,9 @@ def join(
 def share_penalties(state: SharedState, selector: Callable[[], Any]) -> Coroutine[Any, Any, None]:
     """The source-address penalties of this process shared with the fleet, every second
     (``runtime.fleet.penalties``): a task of the proxy's, in every worker."""
+    from mailsluice.runtime.fleet.link import DEADLINE, PREFIX, connect
+    from mailsluice.runtime.fleet.penalties import SharedPenalties
+
     return SharedPenalties(connect(state), PREFIX, selector).run(DEADLINE)
 
 
@@ -51,6 +61,8 @@ def fleet_here(
     weights = settings.fair.weights()
 
     def here(local: LocalScheduler) -> tuple[FleetScheduler, FleetLink]:
+        from mailsluice.runtime.fleet.link import FleetLink, connect
+
         fleet = FleetScheduler(
             local, gateway=settings.gateway_name or default_gateway_name(),
             rules=settings.fair.limits, weight=lambda tenant: weights.get(tenant, 1.0),
