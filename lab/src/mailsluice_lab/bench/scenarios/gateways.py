@@ -72,6 +72,10 @@ def build(topo: topology.Topology, count: int, proxy_port: int) -> Iterator[Gate
         agg = topo.agg
         for sysctl in ("all", "default"):
             agg.run("sysctl", "-qw", f"net.ipv4.conf.{sysctl}.rp_filter=0")
+        # a tenant reaches an MX only through a gateway: never around one, not even while
+        # its route is being moved (the MX would see another client, with its own limit)
+        agg.run("iptables", "-A", "FORWARD", "-i", "t+", "-o", "mx", "-p", "tcp", "-j", "REJECT",
+                "--reject-with", "tcp-reset")  # fmt: skip
         links = []
         for j in range(1, count + 1):
             ns = Namespace(topology.namespace_name(f"g{j}"))
