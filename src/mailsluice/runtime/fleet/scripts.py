@@ -81,7 +81,9 @@ if raw then st = cjson.decode(raw) else st = {} end
 if type(st.gws) ~= 'table' then st.gws = {} end
 if type(st.served) ~= 'table' then st.served = {} end
 if st.limit == nil then
-  if req.known > 0 then st.limit = req.known else st.limit = req.start end
+  -- a limit a gateway remembers (Redis restarted empty) is where the MX refused us last:
+  -- a quiet period before probing above it, as policy.learned does after a restart
+  if req.known > 0 then st.limit, st.last_refusal = req.known, now else st.limit = req.start end
 end
 local me = req.gw
 -- this gateway's record was lost (Redis restarted empty, or unreachable past a lease's
