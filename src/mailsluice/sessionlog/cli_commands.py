@@ -216,8 +216,6 @@ def print_sessions(
 
 def _header(session: dict[str, Any]) -> str:
     parts = [f"session {printable(session['id'])}"]
-    if session.get("gateway"):
-        parts.append(f"via gateway {_cell(session['gateway'])}")
     if session["client"] or session["destination"]:
         parts.append(f"{_cell(session['client'])} -> {_cell(session['destination'])}")
     if session["helo"]:
@@ -234,6 +232,8 @@ def _header(session: dict[str, Any]) -> str:
         parts.append(f"ended {session['ended_at']} ({_cell(session['reason'])})")
     else:
         parts.append("not ended")
+    if session.get("gateway"):  # (last: the fields before it keep their places)
+        parts.append(f"via gateway {_cell(session['gateway'])}")
     return "  ".join(parts)
 
 
