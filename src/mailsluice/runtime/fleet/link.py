@@ -132,8 +132,10 @@ class FleetLink:
                 group.create_task(self._listening())
                 if self.suspensions is not None:
                     group.create_task(self._suspending(self.suspensions))
-        finally:
-            await self.client.aclose()
+        finally:  # (a shutdown never waits on Redis either)
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(DEADLINE):
+                    await self.client.aclose()
 
     async def _reporting(self) -> None:
         while True:

@@ -12,6 +12,7 @@ fleet, with the seconds each has left. Without Redis, each process keeps its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -83,5 +84,7 @@ class SharedPenalties:
                         await self.sync()
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.debug("fleet penalties: %s", exc or type(exc).__name__)
-        finally:
-            await self._client.aclose()
+        finally:  # (a shutdown never waits on Redis either)
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(deadline):
+                    await self._client.aclose()
