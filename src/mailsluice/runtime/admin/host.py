@@ -77,7 +77,7 @@ def read_token(settings: Settings) -> str | None:
 async def _start_server(settings: Settings, router: Router, token: str | None) -> AdminServer:
     where = settings.admin_listen
     assert where is not None
-    server = AdminServer(router, token=token)
+    server = AdminServer(router, token=token, allowed_hosts=settings.admin_allowed_hosts)
     try:
         await server.start(where.host.strip("[]"), where.port)
     except OSError as exc:

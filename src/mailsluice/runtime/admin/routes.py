@@ -3,7 +3,8 @@
 ``/metrics`` is the Prometheus text format of the registry it is given (the process's own,
 or with several workers the sum of every process's, ``multiproc``); ``/healthz`` says the
 server's loop answers (liveness); ``/readyz`` says whether the proxy serves: its
-listeners bound and its workers up (200), or what is missing (503).
+listeners bound and its workers up (200), or what is missing (503). The two probes need
+no token (public routes: a probe should not hold a secret, and they tell nothing).
 """
 
 from __future__ import annotations
@@ -41,6 +42,6 @@ def add_routes(
         return Response.text(200 if ok else 503, text + "\n")
 
     router.add("GET", "/metrics", metrics)
-    router.add("GET", "/healthz", healthz)
-    router.add("GET", "/readyz", readyz)
+    router.add("GET", "/healthz", healthz, public=True)
+    router.add("GET", "/readyz", readyz, public=True)
     return router
