@@ -106,6 +106,8 @@ class WorkerMetrics:
         self._token = read_token(settings) if serve else None
         self.registry = CollectorRegistry() if serve else None
         self.metrics = Metrics(self.registry, settings.fair.deferral_rules)
+        if self.registry is not None:  # (always 0 here: the same families as --workers N)
+            multiproc.restarts_counter(self.registry)
         self.server: AdminServer | None = None
         self._services: Services | None = None
         self._sampler: asyncio.Task[None] | None = None
@@ -114,6 +116,8 @@ class WorkerMetrics:
         """A generation of the services (at start, and after each reload): its TLS
         verdicts are counted and its counters sampled."""
         self._services = services
+        chain = services.filter_chain
+        self.metrics.expect(services.settings.tls, chain.names if chain is not None else ())
         if services.mx_tls.gate is not None:
             services.mx_tls.gate.observe = self.metrics.tls_checked
 
