@@ -78,7 +78,8 @@ __all__ = ["PHASES", "SAMPLE_EVERY", "Metrics", "proxy_reason", "session_result"
 
 _ENHANCED = re.compile(r"([245]\.\d{1,3}\.\d{1,3})\b")
 _FROM_MX = ("s>c", "s>p")
-MAX_TRACKED = 100_000  # sessions followed at once (more: counted, not timed)
+MAX_TRACKED = 100_000  # sessions followed at once (more: counted, not timed; their MX
+# leg counted only when it had TLS, since whether they used an MX is not known)
 SAMPLE_EVERY = 1.0  # seconds between samples of the runtime's own counters
 
 

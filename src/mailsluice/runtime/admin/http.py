@@ -42,6 +42,7 @@ WRITE_TIMEOUT = 30.0  # seconds for the response to leave
 MAX_HEAD = 16 * 1024  # bytes of request line and header fields
 MAX_BODY = 64 * 1024  # bytes of request body
 MAX_CLIENTS = 64  # connections at once
+MAX_SAID = 32  # refused Host values logged (each once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,7 @@ class AdminServer:
         self._guard = HostGuard.serving((), allowed=allowed_hosts)
         self._server: asyncio.Server | None = None
         self._clients = 0
+        self._misdirected: set[str] = set()  # Host values refused, each said once
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._client, host, port, limit=MAX_HEAD)
@@ -213,6 +215,11 @@ class AdminServer:
         refused = self._guard.refusal(request.method, request.headers, local)
         if refused is not None:
             status, text = refused
+            if status == 421 and len(self._misdirected) < MAX_SAID:
+                host = request.headers.get("host", "")
+                if host not in self._misdirected:  # (a scraper misconfigured, or a page)
+                    self._misdirected.add(host)
+                    log.warning("admin server: %s", text)
             body = json.dumps({"error": text}).encode() + b"\n"
             return Response(status, body, "application/json")
         if (
