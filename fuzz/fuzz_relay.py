@@ -15,7 +15,8 @@ data while the shell has paused reading) are skipped.
 Invariants, after every event:
 
 * the relay never raises; it sends to the MX only while connected and not in a TLS
-  handshake, to the client only before closing it;
+  handshake, to the client only before closing it; it dials again only when no MX
+  connection is open (after a message it refused mid-body);
 * everything sent to the client is whole, well-formed replies; the client gets the
   replies it is owed in order, and at most one more, which must end the session;
 * **a 2xx reaches the client for end-of-data only when the MX gave a 2xx to that
@@ -134,6 +135,14 @@ class Session:
         )
         self.perform(self.relay.start())
 
+    def new_mx(self) -> None:
+        """Another MX connection: a fresh MX model that keeps what the last one stored."""
+        stored, completed = self.mx.stored, self.mx.completed
+        self.mx = MxModel(self.config.max_command_line)
+        self.mx.stored, self.mx.completed = stored, completed
+        self.tls_asked = False
+        self.upstream_tail = b""
+
     def event(self, event: ev.Event) -> None:
         self.now += 1.0
         self.perform(self.relay.handle(event, self.now))
@@ -168,8 +177,11 @@ class Session:
                 case act.CloseClient():
                     self.client_open = False
                 case act.ConnectServer():
-                    assert not self.connect_asked, "ConnectServer twice"
-                    self.connect_asked = True
+                    assert not self.server_open, "ConnectServer with an MX connection open"
+                    assert self.connect_done or not self.connect_asked, "ConnectServer twice"
+                    if self.connect_done:  # dialled again (after a message refused mid-body)
+                        self.new_mx()
+                    self.connect_asked, self.connect_done = True, False
                 case act.StartServerTls():
                     assert self.server_open, "StartServerTls with no MX connection"
                     assert not self.tls_asked, "StartServerTls twice"

@@ -26,7 +26,9 @@ from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
 from mailsluice.smtp.replies import Reply
 
 TOKEN = re.compile(rb"queued as (Q[0-9]+)")
-PROXY_LINES = frozenset({b"STARTTLS", b"QUIT"})
+# the proxy's own: STARTTLS, QUIT, and the EHLO of a set-up of its own for a client that
+# sent none (a connection dialled again after a message it refused)
+PROXY_LINES = frozenset({b"STARTTLS", b"QUIT", b"EHLO mailsluice"})
 BARRIERS = frozenset({"EHLO", "HELO", "DATA", "STARTTLS", "QUIT", "EOD"})
 
 EHLO_PLAIN = b"250-mx.example\r\n250-PIPELINING\r\n250-SIZE 52428800\r\n250 8BITMIME\r\n"

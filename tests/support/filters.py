@@ -18,18 +18,23 @@ from mailsluice.filtering.api import (
 
 class Scripted:
     """Answers what its options say: ``verdict`` accept | reject | replace | header |
-    raise | hang | positive | none; ``delay`` seconds first."""
+    raise | hang | positive | none; ``delay`` seconds first; ``only_if``: the verdict is
+    for messages containing these bytes, the others are accepted."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         self.name = str(options.get("name", "scripted"))
         self.verdict = str(options.get("verdict", "accept"))
         self.delay = float(options.get("delay", 0.0))
+        only_if = options.get("only_if")
+        self.only_if = str(only_if).encode() if only_if is not None else None
         self.seen: list[FilterMessage] = []
 
     async def filter(self, message: FilterMessage) -> Verdict:
         self.seen.append(message)
         if self.delay:
             await asyncio.sleep(self.delay)
+        if self.only_if is not None and self.only_if not in message.raw():
+            return Accept()
         match self.verdict:
             case "reject":
                 return Reject(550, "5.7.1 Message refused by the test filter")

@@ -113,7 +113,7 @@ def test_the_mx_4xx_and_5xx_are_the_mx_s_and_classed() -> None:
 
 def test_the_proxy_s_own_4xx_is_deferred_by_proxy_with_its_reason() -> None:
     metrics, registry = _recorder()
-    text = "4.4.5 Error: the destination is busy, try again later"
+    text = "4.4.5 Error: every connection this MX allows us is in use, try again later"
     _session(metrics, (11.0, "p>c", f"451 {text}"), _txn("deferred", 451, text))
     assert _value(registry, "mailsluice_transactions_total", outcome="deferred") == 0
     assert _value(registry, "mailsluice_transactions_total", outcome="deferred_by_proxy") == 1
@@ -215,7 +215,7 @@ def test_a_wait_that_ran_out_is_the_proxy_s_even_before_its_reply_is_logged() ->
     """Fair sharing ends the transaction before its 451 reaches the client's transcript:
     the last MX reply (here its 250 to EHLO) is not the final reply, so it is ours."""
     metrics, registry = _recorder()
-    text = "4.4.5 Error: the destination is busy, try again later"
+    text = "4.4.5 Error: every connection this MX allows us is in use, try again later"
     _feed(
         metrics,
         SessionOpened(SID, 10.0, "c:1", "d:25", None),

@@ -13,8 +13,11 @@ from tests.unit.playbook import Playbook, c, closing, s, sent_to_server, to_c, t
 from tests.unit.relay_wire import (
     BARE_NEWLINE,
     CLIENT_TIMEOUT,
+    CONNECTED,
     DATA,
-    LOST,
+    EHLO,
+    EHLO_REPLY,
+    GREETING,
     MAIL,
     NUL,
     QUIT,
@@ -95,16 +98,34 @@ def test_size_is_recorded() -> None:
 
 def refused(config: RelayConfig, body: bytes, refusal: bytes) -> Playbook:
     """A body refused at its end: never completed upstream (the MX connection is closed
-    instead of the dot), the refusal as the reply to end-of-data; the next command finds
-    no MX connection to relay to."""
+    instead of the dot), the refusal as the reply to end-of-data; the session goes on:
+    the next transaction dials a new connection, which the relay sets up itself (the
+    MX's greeting, the client's EHLO again) before its MAIL goes out, and is served like
+    a first one."""
     return (
         in_body(config)
         >> c(body + b"\r\n.\r\n")
         << act.CloseServer()
         << to_c(refusal)
         >> c(MAIL)
-        << to_c(LOST)
-        << act.CloseClient()
+        << act.ConnectServer()
+        >> CONNECTED
+        >> s(GREETING)
+        << to_s(EHLO)
+        >> s(EHLO_REPLY)
+        << to_s(MAIL)
+        >> s(b"250 2.1.0 Ok\r\n")
+        << to_c(b"250 2.1.0 Ok\r\n")
+        >> c(RCPT + DATA)
+        << to_s(RCPT)
+        << to_s(DATA)
+        >> s(b"250 2.1.5 Ok\r\n354 go ahead\r\n")
+        << to_c(b"250 2.1.5 Ok\r\n")
+        << to_c(b"354 go ahead\r\n")
+        >> c(b"clean\r\n.\r\n")
+        << to_s(b"clean\r\n.\r\n")
+        >> s(b"250 2.0.0 queued as 2\r\n")
+        << to_c(b"250 2.0.0 queued as 2\r\n")
     )
 
 

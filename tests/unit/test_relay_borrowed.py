@@ -51,7 +51,7 @@ MEMO = act.UpstreamState(
     tls=None,
 )
 REUSED = act.ReusedUpstream(MEMO, "203.0.113.5:50001", 3)
-WAIT_RAN_OUT = b"451 4.4.5 Error: the destination is busy, try again later\r\n"
+WAIT_RAN_OUT = b"451 4.4.5 Error: every connection this MX allows us is in use, try again later\r\n"
 
 
 def borrowed(cached: act.UpstreamState | None = MEMO, **config: object) -> Relay:

@@ -98,8 +98,9 @@ def test_the_2xx_to_the_dot_is_still_only_the_mxs() -> None:
         << to_s(BODY + b".\r\n")
         >> s(b"451 4.3.0 try later\r\n")
         << to_c(b"451 4.3.0 try later\r\n")
-        << act.ReleaseServer(
-            act.UpstreamState(MEMO.greeting, "EHLO out1.example.net", MEMO.hello_reply, None)
+        << act.ReleaseServer(  # a 4xx to the dot: the connection is closed, not kept
+            act.UpstreamState(MEMO.greeting, "EHLO out1.example.net", MEMO.hello_reply, None),
+            keep=False,
         )
     )
     assert granted

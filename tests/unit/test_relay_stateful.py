@@ -123,6 +123,15 @@ class RelayMachine(RuleBasedStateMachine):
             self.mx_connects()
             self.mx_greets(b"220 mx.example ESMTP")
 
+    def new_mx(self) -> None:
+        """The relay dials again: a new MX connection, nothing said on it yet."""
+        self.connected = self.greeted = self.mx_closed = False
+        self.unanswered.clear()  # the old connection's: gone with it
+        self.mx_lines = LineFramer(4096)
+        self.mx_data_pending = self.mx_in_body = False  # a body cut short is never a message
+        self.mx_body = b""
+        self.mx_tls = ""
+
     def step(self, event: ev.Event) -> None:
         self.now += 0.5
         actions = self.relay.handle(event, self.now)
@@ -141,7 +150,10 @@ class RelayMachine(RuleBasedStateMachine):
                 case act.CloseClient():
                     self.close_client += 1
                 case act.ConnectServer():
-                    assert not self.connect_asked
+                    # once, or again after we closed it mid-body (a message refused)
+                    assert not self.connect_asked or (self.connected and self.mx_closed)
+                    if self.connect_asked:
+                        self.new_mx()
                     self.connect_asked = True
                 case act.StartServerTls():
                     assert self.mx_tls == "expect", "TLS started without the MX's clean 220"

@@ -132,10 +132,13 @@ class ReusedUpstream:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseServer:
-    """Keep the upstream connection open for a later session (instead of QUIT): it is
-    idle, after EHLO, with no transaction. The relay no longer owns it."""
+    """The upstream connection is idle, after EHLO, with no transaction, and the relay no
+    longer owns it: keep it open for a later transaction (instead of QUIT), or, when
+    ``keep`` is false (the MX showed it will not take mail on it: ``keep.KeepCheck``),
+    close it politely (QUIT) and free its slot."""
 
     state: UpstreamState
+    keep: bool = True
 
 
 @dataclass(frozen=True, slots=True)

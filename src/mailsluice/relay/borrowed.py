@@ -41,8 +41,17 @@ import re
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import address_text
+from mailsluice.relay.keep import KeepCheck
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
+from mailsluice.relay.setup import (
+    BYE,
+    IDLE_ANSWERS,
+    default_hello,
+    hello_text,
+    release_held,
+    send_hello,
+)
 from mailsluice.relay.state import (
     Await,
     Link,
@@ -53,29 +62,22 @@ from mailsluice.relay.state import (
     Slot,
     Stage,
 )
-from mailsluice.smtp.commands import Command, parse_command
+from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
 __all__ = ["BorrowedLease"]
 
-_WAIT_RAN_OUT = Reply.make(451, "4.4.5", "Error: the destination is busy, try again later")
-_BYE = Reply.make(221, "2.0.0", "Bye")
-_OK = Reply.make(250, "2.0.0", "Ok")
-# What needs no connection while none is held (the MX would answer so too).
-_IDLE_ANSWERS = {
-    "NOOP": _OK,
-    "RSET": _OK,
-    "VRFY": Reply.make(252, "2.0.0", "Cannot VRFY user; try RCPT to attempt delivery"),
-    "EXPN": Reply.make(502, "5.5.1", "Error: command not implemented"),
-    "HELP": Reply.make(214, "2.0.0", "See RFC 5321"),
-}
+_WAIT_RAN_OUT = Reply.make(
+    451, "4.4.5", "Error: every connection this MX allows us is in use, try again later"
+)
 
 
 class BorrowedLease:
     """A connection per transaction, from the destination's fair share."""
 
-    __slots__ = ("_capacity", "_destination", "_greeting", "_hello", "_host", "_link_hello",
-                 "_memo", "_out", "_relay", "_source_hello", "_state")  # fmt: skip
+    __slots__ = ("_capacity", "_destination", "_greeting", "_hello", "_host", "_keep",
+                 "_link_hello", "_memo", "_out", "_relay", "_source_hello",
+                 "_state")  # fmt: skip
 
     def __init__(
         self,
@@ -85,10 +87,12 @@ class BorrowedLease:
         *,
         destination: str,
         hostname: str,
+        keep: KeepCheck,
         cached: act.UpstreamState | None,
         capacity: re.Pattern[str] | None,
     ) -> None:
         self._state = state
+        self._keep = keep  # what the MX has shown of the link (``keep``)
         self._out = out
         self._relay = relay
         self._destination = destination
@@ -135,19 +139,19 @@ class BorrowedLease:
 
     def idle_answer(self, command: Command) -> bool:
         """A command that needs no connection while none is held: answered here."""
-        if self._state.link is not Link.NONE or command.verb not in _IDLE_ANSWERS:
+        if self._state.link is not Link.NONE or command.verb not in IDLE_ANSWERS:
             return False
         if command.verb == "RSET":
             self._out.abort_transaction()
         self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
-        self._relay.local(_IDLE_ANSWERS[command.verb])
+        self._relay.local(IDLE_ANSWERS[command.verb])
         return True
 
     def quit(self, command: Command) -> bool:
         if self._state.link is not Link.NONE:
             return False  # held behind a transaction, or sent on the connection it has
         self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
-        self._relay.local(_BYE, close="quit")
+        self._relay.local(BYE, close="quit")
         return True
 
     def need_link(self) -> None:
@@ -168,6 +172,7 @@ class BorrowedLease:
         self._source_hello = hello_name
         state = self._state
         state.move_link(Link.DIALLING)
+        self._keep.fresh()
         self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
         if not state.awaiting:  # ours to set up (at first contact the client's greeting)
             state.awaiting.append(Sent(Await.GREETING))
@@ -179,6 +184,7 @@ class BorrowedLease:
 
     def reused(self, upstream: act.ReusedUpstream) -> None:
         memo = self._memo = upstream.state
+        self._keep.fresh()
         self._greeting = memo.greeting
         self._out.account.tls = memo.tls
         state = self._state
@@ -195,7 +201,7 @@ class BorrowedLease:
         self._link_hello = memo.hello
         self._source_hello = upstream.hello_name
         if (self._hello is None and upstream.hello_name is None) or (
-            _hello_text(self._setup_hello()) == memo.hello
+            hello_text(self._setup_hello()) == memo.hello
         ):
             self._ready()
         else:  # the client uses another name: the MX hears it first
@@ -262,15 +268,13 @@ class BorrowedLease:
     def _setup_hello(self) -> Command:
         """What our own set-up says: the source address's name, else the client's."""
         if self._source_hello is not None:
-            return _default_hello(self._source_hello)
-        return self._hello or _default_hello(self._host)
+            return default_hello(self._source_hello)
+        return self._hello or default_hello(self._host)
 
     def _send_hello(self) -> None:
         hello = self._setup_hello()
-        self._link_hello = _hello_text(hello)
-        self._out.client_line(hello.line, Direction.PROXY_TO_SERVER)
-        self._out.add(act.SendToServer(hello.wire))
-        self._state.awaiting.append(Sent(Await.HELLO, command=hello))
+        self._link_hello = hello_text(hello)
+        send_hello(self._state, self._out, hello)
 
     def remember_greeting(self, reply: Reply) -> None:
         """First contact: the MX's greeting reached the client."""
@@ -280,7 +284,7 @@ class BorrowedLease:
         greeting = self._greeting
         command = slot.command if slot is not None else self._setup_hello()
         if slot is not None:  # the client's own EHLO, relayed (first contact, or a new one)
-            self._link_hello = _hello_text(command) if command is not None else None
+            self._link_hello = hello_text(command) if command is not None else None
         if client_reply.is_positive and greeting is not None and self._link_hello is not None:
             self._memo = act.UpstreamState(
                 greeting, self._link_hello, client_reply, self._out.account.tls
@@ -294,13 +298,7 @@ class BorrowedLease:
 
     def _ready(self) -> None:
         """The link is set up: the held commands go out, in order."""
-        state = self._state
-        state.move_link(Link.OPEN)
-        out = self._out
-        while state.held:
-            command, sent = state.held.popleft()
-            out.command_to_server(command)
-            state.awaiting.append(sent)
+        release_held(self._state, self._out)
 
     def after_reply(self) -> None:
         """Hand the connection back once it is idle: no transaction, nothing out or held."""
@@ -317,10 +315,16 @@ class BorrowedLease:
         ):
             return
         state.move_link(Link.NONE)
-        self._out.add(act.ReleaseServer(memo))
+        why_not = self._keep.verdict()
+        if why_not is not None:
+            self._out.note(f"the connection is closed, not kept: {why_not}")
+        self._out.add(act.ReleaseServer(memo, keep=why_not is None))
 
-    def deferred(self) -> None:
-        """A deferral is the tenant's business here; the connection stays usable."""
+    def cut(self) -> None:
+        """The link was closed after a message we refused (the shell frees its slot):
+        the next transaction asks for a connection like any other."""
+        self._state.move_link(Link.NONE)
+        self._link_hello = None
 
     def wait_ran_out(self, text: str | None = None) -> None:
         """No slot within ``hold_max``: 451 4.4.5 to what waits; the session goes on.
@@ -341,7 +345,7 @@ class BorrowedLease:
             command, sent = state.held.popleft()
             slot = sent.slot
             assert slot is not None
-            reply = _BYE if command.verb == "QUIT" else _IDLE_ANSWERS.get(command.verb)
+            reply = BYE if command.verb == "QUIT" else IDLE_ANSWERS.get(command.verb)
             if reply is None or command.verb in ("VRFY", "EXPN", "HELP"):
                 reply = refusal
             slot.kind, slot.reply, slot.direction = Owed.PLAIN, reply, Direction.PROXY_TO_CLIENT
@@ -349,14 +353,3 @@ class BorrowedLease:
                 slot.close = "quit"
         out.transaction_ended("deferred", refusal)
         self._relay.flush()
-
-
-def _hello_text(command: Command) -> str:
-    return f"{command.verb} {address_text(command.argument)}"
-
-
-def _default_hello(hostname: str) -> Command:
-    """The EHLO a set-up sends for a client that sent none (a real MX sees one)."""
-    parsed = parse_command(f"EHLO {hostname}".encode())
-    assert isinstance(parsed, Command)
-    return parsed

@@ -12,9 +12,15 @@ the shell kept (``runtime.upstreampool``):
 * from MAIL FROM on, the MX's real replies, the same rules. If the MX dropped the idle
   connection meanwhile, the client gets ``421 4.4.2`` and retries.
 
-At QUIT, a session that may release and whose MX connection is idle (after a positive
-EHLO/HELO, no transaction, nothing owed or awaited, no deferral seen) emits
-``ReleaseServer`` instead of relaying QUIT and answers ``221`` itself.
+At QUIT, a session that may release and whose MX connection is idle and known good
+(after a positive EHLO/HELO, no transaction, nothing owed or awaited, nothing against it
+in ``keep.KeepCheck``) emits ``ReleaseServer`` instead of relaying QUIT and answers
+``221`` itself.
+
+After a message the proxy refused itself mid-body (``cut``: the connection was closed
+instead of sending the dot), the session goes on without a connection: RSET, NOOP and
+QUIT are answered here, and the next command for the MX dials a new one, which the
+proxy sets up itself (greeting, the client's EHLO name, STARTTLS: ``setup``).
 
 ``borrowed.BorrowedLease`` (late binding, for the fair-sharing scheduler) implements the
 same ``Lease`` interface: it borrows a connection per transaction and hands it back
@@ -27,8 +33,17 @@ from typing import Protocol
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import address_text
+from mailsluice.relay.keep import KeepCheck
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
+from mailsluice.relay.setup import (
+    BYE,
+    IDLE_ANSWERS,
+    default_hello,
+    hello_text,
+    release_held,
+    send_hello,
+)
 from mailsluice.relay.state import (
     Await,
     IllegalMove,
@@ -68,8 +83,9 @@ class Lease(Protocol):
     def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
         """The MX's answer to EHLO/HELO is final (``slot`` None: our own, in a set-up)."""
 
-    def deferred(self) -> None:
-        """The MX deferred something (4xx)."""
+    def cut(self) -> None:
+        """The relay closed the link in the middle of a transaction it refused itself (a
+        body it will not complete): the next transaction gets another connection."""
 
     def quit(self, command: Command) -> bool:
         """QUIT: True when the lease answered it, False: relay it to the MX."""
@@ -106,8 +122,9 @@ class Lease(Protocol):
 class DedicatedLease:
     """The session's own MX connection, dialled at the start or taken from the pool."""
 
-    __slots__ = ("_destination", "_first_hello", "_greeting", "_hello", "_may_release",
-                 "_out", "_relay", "_reused", "_state")  # fmt: skip
+    __slots__ = ("_client_hello", "_destination", "_first_hello", "_greeting", "_hello",
+                 "_host", "_keep", "_may_release", "_out", "_relay", "_reused",
+                 "_state")  # fmt: skip
 
     def __init__(
         self,
@@ -116,19 +133,24 @@ class DedicatedLease:
         relay: Conductor,
         *,
         destination: str,
+        hostname: str,
+        keep: KeepCheck,
         reused: act.ReusedUpstream | None,
         may_release: bool,
     ) -> None:
         self._destination = destination
+        self._host = hostname
         self._state = state
         self._out = out
         self._relay = relay
+        self._keep = keep  # what the MX has shown of the connection (``keep``)
         self._reused = reused
         self._may_release = may_release  # the shell keeps connections (reuse is on)
         memo = reused.state if reused is not None else None
         self._greeting: Reply | None = memo.greeting if memo else None
         self._hello: tuple[str, Reply] | None = (memo.hello, memo.hello_reply) if memo else None
         self._first_hello = memo is not None  # the first EHLO/HELO may come from the memo
+        self._client_hello: Command | None = None  # the client's last EHLO/HELO
 
     def start(self) -> None:
         """Dial, or start on the reused connection (its greeting replayed)."""
@@ -153,11 +175,12 @@ class DedicatedLease:
     def hello(self, command: Command) -> bool:
         """Answer the first EHLO/HELO of a reused session from the memo, when it is the one
         the MX last answered and nothing is open upstream; False: it goes to the MX."""
+        self._client_hello = command
         first, self._first_hello = self._first_hello, False
         memo = self._hello
         state = self._state
         idle = not state.owed and not state.awaiting
-        if first and idle and memo is not None and memo[0] == _hello_text(command):
+        if first and idle and memo is not None and memo[0] == hello_text(command):
             self._out.account.helo = address_text(command.argument)
             self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
             self._relay.local(memo[1], hello=command)
@@ -171,28 +194,52 @@ class DedicatedLease:
 
     def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
         """The reply the client got to EHLO/HELO (after TLS, edited): what a session on
-        this connection later gets for the same command."""
+        this connection later gets for the same command. ``slot`` None: the end of our
+        own set-up of a connection dialled again (``cut``)."""
+        command = slot.command if slot is not None else self._setup_hello()
+        if slot is None:
+            if not client_reply.is_positive:
+                self._out.note("the MX refused our EHLO")
+                self._relay.fail(client_reply, "upstream-refused")
+                return
+            release_held(self._state, self._out)
         if not self._may_release:  # nothing will be kept: spare the work
             return
-        command = slot.command if slot is not None else None
         if command is None or not client_reply.is_positive:
             self._hello = None
         else:
-            self._hello = (_hello_text(command), client_reply)
+            self._hello = (hello_text(command), client_reply)
 
-    def deferred(self) -> None:
-        """The MX deferred something (4xx): that may be about the connection itself, so it
-        is never kept."""
-        self._may_release = False
+    def cut(self) -> None:
+        """The connection was closed after a message we refused: the next command for
+        the MX dials a new one, set up by us (``need_link``)."""
+        self._state.move_link(Link.NONE)
+        self._keep.fresh()
 
     def reachable(self) -> bool:
-        return self._state.link is Link.OPEN
+        link = self._state.link
+        return link is Link.OPEN or link is Link.NONE  # NONE: dialled again when needed
 
     def idle_answer(self, command: Command) -> bool:
-        return False
+        """Without a connection (after ``cut``) RSET, NOOP... need none: answered here."""
+        if self._state.link is not Link.NONE or command.verb not in IDLE_ANSWERS:
+            return False
+        if command.verb == "RSET":
+            self._out.abort_transaction()
+        self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+        self._relay.local(IDLE_ANSWERS[command.verb])
+        return True
 
     def need_link(self) -> None:
-        raise IllegalMove("a dedicated link is open or gone, never waited for")
+        """A command waits for the MX after ``cut``: dial again; our own set-up follows."""
+        state = self._state
+        if state.link is not Link.NONE:
+            raise IllegalMove(f"a dedicated link is {state.link.value}, never waited for")
+        self._out.note(f"connecting to {self._destination} again for the next transaction")
+        self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
+        state.awaiting.append(Sent(Await.GREETING))
+        state.move_link(Link.DIALLING)
+        self._out.add(act.ConnectServer())
 
     def after_reply(self) -> None:
         """The connection is the session's to the end."""
@@ -204,10 +251,26 @@ class DedicatedLease:
         raise IllegalMove("a dedicated link is not granted")
 
     def connected(self) -> None:
-        self._state.move_link(Link.OPEN)
+        awaiting = self._state.awaiting
+        ours = bool(awaiting) and awaiting[0].slot is None  # dialled again: we set it up
+        self._state.move_link(Link.SETUP if ours else Link.OPEN)
 
     def greeting(self, sent: Sent, reply: Reply) -> bool:
-        return False  # the client's, always: it drives a dedicated link's set-up
+        """The client's greeting (False), or our own set-up's after ``cut``."""
+        if sent.slot is not None:
+            return False  # the client drives the set-up of the first connection
+        if reply.code != 220:
+            self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+            self._out.note("the MX refused the connection")
+            self._relay.fail(reply, "upstream-refused")
+            return True
+        if self._may_release:
+            self._greeting = reply
+        send_hello(self._state, self._out, self._setup_hello())
+        return True
+
+    def _setup_hello(self) -> Command:
+        return self._client_hello or default_hello(self._host)
 
     def lost_before_use(self, reason: str) -> bool:
         return False  # nothing to wait for: the session has no other connection coming
@@ -216,8 +279,13 @@ class DedicatedLease:
         raise IllegalMove("a dedicated link is never waited for")
 
     def quit(self, command: Command) -> bool:
-        """QUIT: keep the MX connection for a later session if it is idle and clean."""
+        """QUIT: keep the MX connection for a later session if it is idle and known good;
+        after ``cut`` (no connection) answered here."""
         state, greeting, memo = self._state, self._greeting, self._hello
+        if state.link is Link.NONE and not state.held:
+            self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
+            self._relay.local(BYE, close="quit")
+            return True
         if (
             not self._may_release
             or state.link is not Link.OPEN
@@ -231,14 +299,14 @@ class DedicatedLease:
             or state.stage is not Stage.COMMANDS
         ):
             return False
+        why_not = self._keep.verdict()
+        if why_not is not None:
+            self._out.note(f"upstream connection not kept: {why_not}")
+            return False
         self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
         self._out.note("upstream connection kept for reuse")
         state.move_link(Link.GONE)
         memo_state = act.UpstreamState(greeting, memo[0], memo[1], self._out.account.tls)
         self._out.add(act.ReleaseServer(memo_state))
-        self._relay.local(Reply.make(221, "2.0.0", "Bye"), close="quit")
+        self._relay.local(BYE, close="quit")
         return True
-
-
-def _hello_text(command: Command) -> str:
-    return f"{command.verb} {address_text(command.argument)}"

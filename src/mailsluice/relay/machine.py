@@ -41,6 +41,7 @@ from mailsluice.relay.borrowed import BorrowedLease
 from mailsluice.relay.clienttls import ClientStartTls
 from mailsluice.relay.config import RelayConfig, Timeouts
 from mailsluice.relay.filtered import FilteredData
+from mailsluice.relay.keep import KeepCheck
 from mailsluice.relay.lease import DedicatedLease, Lease
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import CloseReason, Direction
@@ -83,9 +84,9 @@ class Relay:
     """The state machine of one relayed session; see the module docstring."""
 
     __slots__ = ("_cfg", "_client_desc", "_client_lines", "_client_tls", "_data", "_host",
-                 "_intake", "_lease", "_line_done", "_out", "_policy", "_refusal", "_replies",
-                 "_server_lines",
-                 "_state", "_timer", "_upgrade", "_verp")  # fmt: skip
+                 "_intake", "_keep", "_lease", "_line_done", "_out", "_policy", "_refusal",
+                 "_replies", "_server_lines", "_state", "_timer", "_upgrade",
+                 "_verp")  # fmt: skip
 
     def __init__(
         self,
@@ -117,15 +118,16 @@ class Relay:
         self._replies = ReplyAssembler(config.max_reply_lines)
         self._timer: tuple[float, bool] | None = None  # the last SetTimer: seconds, on_server
         self._line_done = False  # a client line completed: its timeout starts afresh
+        self._keep = keep = KeepCheck()  # may the MX connection carry another transaction?
         self._lease: Lease = (
             BorrowedLease(
                 state, out, self, destination=destination, hostname=config.hostname,
-                cached=cached, capacity=config.capacity_refusal,
+                keep=keep, cached=cached, capacity=config.capacity_refusal,
             )
             if borrowed
             else DedicatedLease(
-                state, out, self, destination=destination, reused=reused,
-                may_release=may_release,
+                state, out, self, destination=destination, hostname=config.hostname,
+                keep=keep, reused=reused, may_release=may_release,
             )
         )  # fmt: skip
         self._upgrade = TlsUpgrade(
@@ -519,7 +521,6 @@ class Relay:
         """An MX reply: the answer to the oldest command it has not answered."""
         state = self._state
         if 400 <= reply.code < 500:
-            self._lease.deferred()
             self._out.add(act.MxDeferred(reply.code, reply.text))
         if not state.awaiting:
             if reply.code == 421:
@@ -530,6 +531,7 @@ class Relay:
                 self.protocol_error(f"unexpected reply: {reply.transcript()}")
             return
         sent = state.awaiting.popleft()
+        self._keep.reply(sent.what, reply)
         if sent.what is Await.GREETING and self._lease.greeting(sent, reply):
             return  # late binding: a set-up's own, or a capacity refusal (back in line)
         if reply.code == 421 and sent.what is not Await.QUIT:
@@ -572,8 +574,8 @@ class Relay:
     def _server_closed(self, reason: str) -> None:
         state = self._state
         link = state.link
-        if link is Link.GONE:
-            return  # we closed it ourselves, or handed it back
+        if link is Link.GONE or link is Link.NONE:
+            return  # we closed it ourselves, or handed it back: none is ours now
         if self._lease.lost_before_use(reason):
             return  # before any transaction used it: not the tenant's business
         state.move_link(Link.GONE)
@@ -713,6 +715,10 @@ class Relay:
     def close_server(self) -> None:
         self._state.move_link(Link.GONE)
         self._out.add(act.CloseServer())
+
+    def cut_server(self) -> None:
+        self._out.add(act.CloseServer())
+        self._lease.cut()
 
     def _close(self, reason: CloseReason) -> None:
         state = self._state

@@ -51,6 +51,10 @@ class Conductor(Protocol):
     def close_server(self) -> None:
         """Close the MX connection now (aborts any transaction in progress there)."""
 
+    def cut_server(self) -> None:
+        """Close the MX connection in the middle of a message we refused (it never gets
+        the dot); the session goes on, and its next transaction gets another connection."""
+
 
 class Outbox:
     """The actions of one step, and the transcript of the whole session."""

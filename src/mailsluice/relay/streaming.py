@@ -4,7 +4,8 @@ The client's DATA is forwarded and nothing more is read until the MX's 354; afte
 canonical body bytes go upstream as they arrive and the final dot only at the real
 ``CRLF.CRLF``. A body that must be refused (NUL, a bare CR/LF in reject mode, over the
 size limit) is never completed upstream: the MX connection is closed instead of sending
-the dot, and the client gets the refusal after its end-of-data.
+the dot (RSET is impossible mid-DATA), and the client gets the refusal after its
+end-of-data; the session goes on, its next transaction on another connection.
 """
 
 from __future__ import annotations
@@ -73,8 +74,11 @@ class StreamingData:
             state.owed.append(slot)
             state.awaiting.append(Sent(Await.END_OF_DATA, slot))
         else:
-            self._out.note(f"message refused ({fault.value}); upstream transaction aborted")
-            self._relay.close_server()
+            self._out.note(
+                f"message refused ({fault.value}); upstream transaction aborted by closing "
+                "the connection (the MX never gets the dot)"
+            )
+            self._relay.cut_server()
             reply = refusal(fault)
             self._relay.local(reply)
             self._out.transaction_ended("rejected", reply)

@@ -90,12 +90,13 @@ class Borrowing:
         if ticket is not None:
             self.destination.cancel(ticket)
 
-    def release(self, state: act.UpstreamState) -> None:
-        """The transaction is over: the connection goes back, idle, to the tenant."""
+    def release(self, state: act.UpstreamState, *, keep: bool = True) -> None:
+        """The transaction is over: the connection goes back, idle, to the tenant, or
+        (``keep`` false: the MX showed it will not take mail on it) is closed politely."""
         self.destination.memo = state  # its latest answer greets the next sessions
         entry = self._mx.idle_entry(state)
         if entry is not None:
-            self.destination.release(entry)
+            self.destination.release(entry, keep=keep)
 
     def requeue(self, reason: str, *, capacity: bool) -> None:
         """The connection was refused before use: back in line if the scheduler takes it

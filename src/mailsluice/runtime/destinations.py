@@ -186,14 +186,16 @@ class Destination:
     def new_hold(self, tenant: str) -> Hold:
         return Hold(self, tenant, self._owner.next_conn())
 
-    def release(self, entry: Idle) -> None:
-        """A transaction ended: keep its connection for the tenant (or close it)."""
+    def release(self, entry: Idle, *, keep: bool = True) -> None:
+        """A transaction ended: keep its connection for the tenant, or close it (too old,
+        enough transactions, or not ``keep``: the MX showed it takes no mail on it)."""
         hold = entry.hold
         owner = self._owner
         now = owner.loop.time()
         transport = entry.transport
         if (
-            owner.closed
+            not keep
+            or owner.closed
             or transport.is_closing()
             or transport.get_write_buffer_size()
             or now - entry.opened_at >= owner.max_age

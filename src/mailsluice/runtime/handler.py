@@ -404,11 +404,11 @@ class ConnectionHandler:
             case act.DropSpool():
                 if self._filters is not None:
                     self._filters.drop()
-            case act.ReleaseServer(state):
+            case act.ReleaseServer(state, keep):
                 if self._fair is None:
                     self.mx.release(state)
                 else:
-                    self._fair.release(state)
+                    self._fair.release(state, keep=keep)
             case act.AcquireServer(sender, recipient):
                 assert self._fair is not None, "only a borrowing relay asks for a slot"
                 if self._sourced:

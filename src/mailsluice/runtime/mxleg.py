@@ -40,7 +40,7 @@ from mailsluice.runtime.admission import Outbound
 from mailsluice.runtime.destinations import Hold, Idle
 from mailsluice.runtime.dialer import dial, plain_host
 from mailsluice.runtime.services import ConnectionServices
-from mailsluice.runtime.sides import format_address
+from mailsluice.runtime.sides import Side, format_address
 from mailsluice.runtime.tls import peer_chain
 from mailsluice.runtime.tlsresume import Remembered, ResumeKey, Verdict
 from mailsluice.runtime.upstreampool import Pooled, PoolKey
@@ -75,6 +75,10 @@ class _Early(asyncio.Protocol):
                 protocol.eof_received()
             else:
                 protocol.connection_lost(value)  # type: ignore[arg-type]
+
+
+class _Ignored(asyncio.Protocol):
+    """A closed connection's last events: nobody listens any more."""
 
 
 class MxLeg:
@@ -274,9 +278,15 @@ class MxLeg:
         return True
 
     def close(self) -> None:
+        """Close the connection (its buffered bytes still go out). Nothing it does after
+        this reaches the session: the next connection may already be this leg's by then
+        (a message refused mid-body is followed by another transaction)."""
         server, self.transport = self.transport, None
         if server is not None:
+            if isinstance(server.get_protocol(), Side):  # (not mid-handshake: TLS's own)
+                server.set_protocol(_Ignored())
             server.close()
+        self.forget()
 
     def abort(self) -> None:
         server, self.transport = self.transport, None
