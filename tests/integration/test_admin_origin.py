@@ -29,7 +29,7 @@ import pytest
 from tests.integration.admin_helpers import TOKEN, admin_port, admin_settings
 from tests.integration.conftest import ProxyFactory
 
-from mailsluice.config import ConfigError, HostPort, settings_from_mapping
+from mailsluice.config import ConfigError, settings_from_mapping
 from mailsluice.runtime.admin.http import AdminServer, Request, Response, Router
 from mailsluice.runtime.localaddrs import interface_addresses
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -270,9 +270,13 @@ async def test_probes_need_no_token_and_the_rest_does(
         assert proxy.services.admission.accepting
 
 
-def test_the_settings_keep_admin_allowed_hosts_through_replace() -> None:
-    """(``admin_allowed_hosts`` is a field of ``Settings``: a reload plan sees it.)"""
-    base = settings_from_mapping({})
-    assert base.admin_allowed_hosts == ()
-    assert replace(base, admin_allowed_hosts=("a.example",)).admin_allowed_hosts == ("a.example",)
-    assert HostPort("::1", 1)
+def test_admin_allowed_hosts_needs_a_restart() -> None:
+    """Read when the admin server starts (with ``--workers N`` in the helper process,
+    which does not reload): a reload says so rather than ignoring it."""
+    from mailsluice.reloadplan import reload_plan
+
+    base = settings_from_mapping({"admin_listen": "127.0.0.1:9325"})
+    changed = replace(base, admin_allowed_hosts=("admin.example.net",))
+    plan = reload_plan(base, changed)
+    assert plan.restart == ("admin_allowed_hosts",)
+    assert plan.warnings() == ["admin_allowed_hosts changed: restart to apply"]
