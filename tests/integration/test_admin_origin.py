@@ -36,7 +36,7 @@ from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
 
-SUSPEND = {"kind": "tenant", "name": "shop", "seconds": 600, "reason": "csrf"}
+SUSPEND = {"kind": "tenant", "name": "127.0.0.9", "seconds": 600, "reason": "csrf"}
 
 
 def raw(

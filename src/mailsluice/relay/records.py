@@ -33,6 +33,7 @@ class Direction(enum.Enum):
 #: type, so that a reason added to the relay is one the metrics know (``CLOSE_REASONS``)
 CloseReason = Literal[
     "quit",  # the client's QUIT (or the MX's 221 to it)
+    "aborted-by-operator",  # mailsluice ctl abort (POST /api/sessions/{id}/abort)
     "client-closed",  # the client went away
     "client-timeout",  # the client said nothing in time
     "client-tls-failed",  # the client's STARTTLS handshake failed

@@ -46,7 +46,7 @@ PROXY_REASON_CODES = {
     "4.7.0": "too_many_errors",
     "4.7.1": "refused",
 }
-PROXY_REASONS = (*PROXY_REASON_CODES.values(), "other")
+PROXY_REASONS = (*PROXY_REASON_CODES.values(), "aborted_by_operator", "other")
 DEFERRAL_CLASSES = tuple(kind.value for kind in DeferralClass)
 #: the MX leg's TLS of a session that used an MX connection
 MX_TLS = ("plaintext", "unverified", "verified")

@@ -99,6 +99,8 @@ def session_result(reason: str) -> str:
 def proxy_reason(reply_text: str | None) -> str:
     """Why the proxy deferred a transaction itself, from its reply (bounded)."""
     match = _ENHANCED.match(reply_text or "")
+    if match and "aborted by the operator" in (reply_text or ""):  # (4.3.2, as shutting down)
+        return "aborted_by_operator"
     return PROXY_REASON_CODES.get(match.group(1), "other") if match else "other"
 
 
