@@ -31,6 +31,7 @@ from tests.unit.relay_wire import (
     dialled,
     in_body,
     opened,
+    reply,
 )
 from tests.unit.test_relay_borrowed import MEMO, REUSED, greeted_from_memory
 
@@ -279,3 +280,142 @@ def test_keep_check_a_new_transaction_starts_afresh_and_a_fresh_link_forgets() -
     assert keep.verdict() is not None  # it stays said for this connection
     keep.fresh()
     assert keep.verdict() is None
+
+
+# ----------------------------------------------------------------- found by the real-MX matrix
+NO_PIPELINING = b"250-mx.example\r\n250 8BITMIME\r\n"
+
+
+def test_a_link_without_pipelining_gets_one_command_at_a_time() -> None:
+    """postscreen's engine offers no PIPELINING and counts a client that pipelines anyway
+    as a bot: a client's pipelined commands go out one by one on such a link."""
+    book = (
+        dialled()
+        >> s(GREETING)
+        << to_c(GREETING)
+        >> c(EHLO)
+        << to_s(EHLO)
+        >> s(NO_PIPELINING)
+        << to_c(b"250-mx.example\r\n250-8BITMIME\r\n250 XVERP\r\n")
+        >> c(MAIL + RCPT + DATA)
+        << to_s(MAIL)  # alone
+        >> s(ACCEPTED[0])
+        << to_c(ACCEPTED[0])
+        << to_s(RCPT)  # once MAIL is answered
+        >> s(ACCEPTED[1])
+        << to_c(ACCEPTED[1])
+        << to_s(DATA)
+        >> s(ACCEPTED[2])
+        << to_c(ACCEPTED[2])
+    )
+    assert book
+
+
+def test_late_binding_a_kept_connection_without_pipelining_gets_one_at_a_time() -> None:
+    memo = act.UpstreamState(
+        reply(GREETING), "EHLO client.example", reply(b"250-mx.example\r\n250 8BITMIME\r\n"),
+        None,
+    )  # fmt: skip
+    book = (
+        greeted_from_memory()
+        >> c(MAIL + RCPT)
+        << act.AcquireServer()
+        >> ev.ServerReused(act.ReusedUpstream(memo, "203.0.113.5:50001", 1))
+        << to_s(MAIL)
+        >> s(ACCEPTED[0])
+        << to_c(ACCEPTED[0])
+        << to_s(RCPT)
+    )
+    assert book
+
+
+def test_late_binding_a_quit_behind_the_dot_keeps_the_connection_for_the_tenant() -> None:
+    """Postfix and Exim send QUIT right behind the dot: it is answered here once the dot's
+    reply is in, and the connection goes back idle instead of hearing QUIT."""
+    book = (
+        greeted_from_memory()
+        >> c(MAIL + RCPT + DATA)
+        << act.AcquireServer()
+        >> ev.ServerReused(REUSED)
+        << to_s(MAIL)
+        << to_s(RCPT)
+        << to_s(DATA)
+        >> s(b"".join(ACCEPTED))
+        << to_c(ACCEPTED[0])
+        << to_c(ACCEPTED[1])
+        << to_c(ACCEPTED[2])
+        >> c(BODY + b".\r\n" + QUIT)
+        << to_s(BODY + b".\r\n")  # and no QUIT for the MX
+        >> s(b"250 2.0.0 queued as 1\r\n")
+        << to_c(b"250 2.0.0 queued as 1\r\n")
+        << act.ReleaseServer(MEMO)
+        << to_c(BYE)
+        << act.CloseClient(linger=False)
+    )
+    assert book
+
+
+def test_dedicated_a_pipelined_transaction_after_a_cut_dials_once() -> None:
+    book = (
+        cut(in_body(REJECT))
+        >> c(MAIL + RCPT + DATA)
+        << act.ConnectServer()
+        >> CONNECTED
+        >> s(GREETING)
+        << to_s(EHLO)
+        >> s(EHLO_REPLY)
+        << to_s(MAIL)
+        << to_s(RCPT)
+        << to_s(DATA)
+        >> s(b"".join(ACCEPTED))
+        << to_c(ACCEPTED[0])
+        << to_c(ACCEPTED[1])
+        << to_c(ACCEPTED[2])
+    )
+    assert book
+
+
+EXIM_421 = b"421 mx.example lost input connection: too many messages in this connection\r\n"
+
+
+def test_late_binding_a_421_to_mail_on_a_used_connection_moves_the_transaction() -> None:
+    """Exim ends a connection after ``smtp_accept_max_per_connection`` messages with a 421
+    to the next MAIL: that connection is done, not the transaction, which is sent again on
+    another connection; the tenant sees nothing."""
+    book = (
+        greeted_from_memory()
+        >> c(MAIL + RCPT + DATA)
+        << act.AcquireServer()
+        >> ev.ServerReused(REUSED)  # it carried 3 transactions before
+        << to_s(MAIL)
+        << to_s(RCPT)
+        << to_s(DATA)
+        >> s(EXIM_421)
+        << act.CloseServer()
+        << act.AcquireServer(sender="a@client.example", recipient="b@mx.example")
+        >> ev.ServerReused(act.ReusedUpstream(MEMO, "203.0.113.5:50002", 0))
+        << to_s(MAIL)
+        << to_s(RCPT)
+        << to_s(DATA)
+        >> s(b"".join(ACCEPTED))
+        << to_c(ACCEPTED[0])
+        << to_c(ACCEPTED[1])
+        << to_c(ACCEPTED[2])
+    )
+    assert book
+    assert not book.relay.closed
+
+
+def test_late_binding_a_421_to_a_connections_first_mail_is_the_clients() -> None:
+    book = (
+        greeted_from_memory()
+        >> c(MAIL)
+        << act.AcquireServer()
+        >> ev.ServerReused(act.ReusedUpstream(MEMO, "203.0.113.5:50002", 0))
+        << to_s(MAIL)
+        >> s(EXIM_421)
+        << to_c(EXIM_421)
+        << act.CloseServer()
+        << act.CloseClient()
+    )
+    assert book

@@ -49,7 +49,7 @@ from mailsluice.relay.setup import (
     IDLE_ANSWERS,
     default_hello,
     hello_text,
-    release_held,
+    pipelines,
     send_hello,
 )
 from mailsluice.relay.state import (
@@ -148,6 +148,10 @@ class BorrowedLease:
         return True
 
     def quit(self, command: Command) -> bool:
+        """QUIT: answered here when no connection is held. A connection just done with
+        its transaction (the QUIT came behind the dot, as Postfix and Exim send it) goes
+        back first, so it stays for the tenant instead of hearing QUIT."""
+        self.after_reply()
         if self._state.link is not Link.NONE:
             return False  # held behind a transaction, or sent on the connection it has
         self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
@@ -184,7 +188,8 @@ class BorrowedLease:
 
     def reused(self, upstream: act.ReusedUpstream) -> None:
         memo = self._memo = upstream.state
-        self._keep.fresh()
+        self._keep.fresh(upstream.sessions)
+        self._state.pipelining = pipelines(memo)
         self._greeting = memo.greeting
         self._out.account.tls = memo.tls
         state = self._state
@@ -298,7 +303,8 @@ class BorrowedLease:
 
     def _ready(self) -> None:
         """The link is set up: the held commands go out, in order."""
-        release_held(self._state, self._out)
+        self._state.move_link(Link.OPEN)
+        self._relay.send_held()
 
     def after_reply(self) -> None:
         """Hand the connection back once it is idle: no transaction, nothing out or held."""
@@ -319,6 +325,29 @@ class BorrowedLease:
         if why_not is not None:
             self._out.note(f"the connection is closed, not kept: {why_not}")
         self._out.add(act.ReleaseServer(memo, keep=why_not is None))
+
+    def spent(self, sent: Sent, reply: Reply) -> bool:
+        """A 421 to MAIL on a connection that carried transactions before (Exim's per
+        connection limit, an MX ending long sessions): that connection is done, not this
+        transaction, which goes back in line for another, unseen by the tenant. On a
+        connection's first transaction the 421 is the client's."""
+        state = self._state
+        if sent.what is not Await.MAIL or self._keep.carried < 1 or sent.slot is None:
+            return False
+        self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
+        self._out.note(
+            f"the MX ends this connection after {self._keep.carried} transactions; "
+            "the transaction waits for another"
+        )
+        back = [sent, *state.awaiting]
+        state.awaiting.clear()
+        for entry in reversed(back):
+            command = entry.slot.command if entry.slot is not None else entry.command
+            assert command is not None
+            state.held.appendleft((command, entry))
+        self._relay.cut_server()
+        self._want()
+        return True
 
     def cut(self) -> None:
         """The link was closed after a message we refused (the shell frees its slot):

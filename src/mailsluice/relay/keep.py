@@ -39,17 +39,20 @@ _TRANSACTION = _TRANSACTION_WIDE | {Await.RCPT}
 class KeepCheck:
     """What the MX has shown of one connection: may it carry another transaction?"""
 
-    __slots__ = ("_accepted", "_deferred", "why_not")
+    __slots__ = ("_accepted", "_deferred", "carried", "why_not")
 
     def __init__(self) -> None:
         self.why_not: str | None = None  # why it may not (None: it may, as far as we know)
         self._accepted = 0  # recipients the MX accepted in the transaction under way
         self._deferred = 0  # and those it deferred
+        self.carried = 0  # transactions the connection has carried (their MAIL answered)
 
-    def fresh(self) -> None:
-        """Another connection: nothing is known against it."""
+    def fresh(self, carried: int = 0) -> None:
+        """Another connection (which carried ``carried`` transactions before): nothing is
+        known against it."""
         self.why_not = None
         self._accepted = self._deferred = 0
+        self.carried = carried
 
     def reply(self, what: Await, reply: Reply) -> None:
         """The MX's reply to ``what``: count it (the relay calls this for every reply)."""
@@ -62,6 +65,7 @@ class KeepCheck:
                 self._deferred += 1
         elif what is Await.MAIL or what is Await.VERP_MAIL:
             self._accepted = self._deferred = 0  # a new transaction
+            self.carried += 1
         if code < 400:
             return
         if code == 421:

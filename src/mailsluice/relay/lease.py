@@ -41,7 +41,7 @@ from mailsluice.relay.setup import (
     IDLE_ANSWERS,
     default_hello,
     hello_text,
-    release_held,
+    pipelines,
     send_hello,
 )
 from mailsluice.relay.state import (
@@ -86,6 +86,12 @@ class Lease(Protocol):
     def cut(self) -> None:
         """The relay closed the link in the middle of a transaction it refused itself (a
         body it will not complete): the next transaction gets another connection."""
+
+    def spent(self, sent: Sent, reply: Reply) -> bool:
+        """The MX closes the channel (421) in answer to a transaction's MAIL: True when
+        the lease moves the transaction to another connection (the MX ends a connection
+        that carried transactions before, not this one: Exim's
+        ``smtp_accept_max_per_connection``); False: the client gets the 421."""
 
     def quit(self, command: Command) -> bool:
         """QUIT: True when the lease answered it, False: relay it to the MX."""
@@ -165,6 +171,7 @@ class DedicatedLease:
             return
         state.move_link(Link.OPEN)
         state.enter(Stage.COMMANDS)
+        state.pipelining = pipelines(reused.state)
         self._out.account.tls = reused.state.tls
         self._out.note(
             f"reusing the connection to {self._destination} from {reused.source} "
@@ -202,7 +209,8 @@ class DedicatedLease:
                 self._out.note("the MX refused our EHLO")
                 self._relay.fail(client_reply, "upstream-refused")
                 return
-            release_held(self._state, self._out)
+            self._state.move_link(Link.OPEN)
+            self._relay.send_held()
         if not self._may_release:  # nothing will be kept: spare the work
             return
         if command is None or not client_reply.is_positive:
@@ -217,8 +225,7 @@ class DedicatedLease:
         self._keep.fresh()
 
     def reachable(self) -> bool:
-        link = self._state.link
-        return link is Link.OPEN or link is Link.NONE  # NONE: dialled again when needed
+        return self._state.link is not Link.GONE  # NONE: dialled again when needed
 
     def idle_answer(self, command: Command) -> bool:
         """Without a connection (after ``cut``) RSET, NOOP... need none: answered here."""
@@ -233,6 +240,8 @@ class DedicatedLease:
     def need_link(self) -> None:
         """A command waits for the MX after ``cut``: dial again; our own set-up follows."""
         state = self._state
+        if state.link in (Link.DIALLING, Link.SETUP, Link.HANDSHAKE):
+            return  # dialled already: the held commands go out once it is set up
         if state.link is not Link.NONE:
             raise IllegalMove(f"a dedicated link is {state.link.value}, never waited for")
         self._out.note(f"connecting to {self._destination} again for the next transaction")
@@ -274,6 +283,9 @@ class DedicatedLease:
 
     def lost_before_use(self, reason: str) -> bool:
         return False  # nothing to wait for: the session has no other connection coming
+
+    def spent(self, sent: Sent, reply: Reply) -> bool:
+        return False  # the session's own connection: its client hears the 421
 
     def wait_ran_out(self, text: str | None = None) -> None:
         raise IllegalMove("a dedicated link is never waited for")

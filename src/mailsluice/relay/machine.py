@@ -298,6 +298,8 @@ class Relay:
         """After every event: read the client's next commands, then say which timer runs."""
         state = self._state
         if state.stage is Stage.COMMANDS:
+            if state.held and not state.awaiting and state.link is Link.OPEN:
+                self.send_held()  # a link without PIPELINING: the next command
             self._policy.ask()
             self._pump_client()
             self._lease.after_reply()
@@ -533,6 +535,8 @@ class Relay:
                 self.protocol_error(f"unexpected reply: {reply.transcript()}")
             return
         sent = state.awaiting.popleft()
+        if reply.code == 421 and sent.what is Await.MAIL and self._lease.spent(sent, reply):
+            return  # that connection is done; the transaction waits for another
         self._keep.reply(sent.what, reply)
         if sent.what is Await.GREETING and self._lease.greeting(sent, reply):
             return  # late binding: a set-up's own, or a capacity refusal (back in line)
@@ -681,14 +685,28 @@ class Relay:
         self.send(command, Sent(what, slot))
 
     def send(self, command: Command, sent: Sent) -> None:
-        """Send a command to the MX, or hold it until the link is ready (late binding)."""
+        """Send a command to the MX, or hold it: until the link is ready (late binding, a
+        connection dialled again), or, when the link does not pipeline, until the MX has
+        answered the commands before it (``send_held``)."""
         state = self._state
-        if state.link is Link.OPEN and not state.held:
-            self._out.command_to_server(command)
+        if state.link is Link.OPEN:
+            if not state.held and (state.pipelining or not state.awaiting):
+                self._out.command_to_server(command)
+                state.awaiting.append(sent)
+            else:
+                state.held.append((command, sent))
+            return
+        state.held.append((command, sent))
+        self._lease.need_link()
+
+    def send_held(self) -> None:
+        """The link is ready: the held commands go out, in order (only the first, when the
+        link does not pipeline: the others when the MX has answered it)."""
+        state, out = self._state, self._out
+        while state.held and (state.pipelining or not state.awaiting):
+            command, sent = state.held.popleft()
+            out.command_to_server(command)
             state.awaiting.append(sent)
-        else:
-            state.held.append((command, sent))
-            self._lease.need_link()
 
     # ----------------------------------------------------------------- endings
     def fail(self, reply: Reply, reason: CloseReason) -> None:

@@ -48,6 +48,10 @@ class Conductor(Protocol):
     def send(self, command: Command, sent: Sent) -> None:
         """Send a command to the MX (or hold it till the link is ready), awaiting ``sent``."""
 
+    def send_held(self) -> None:
+        """The link is ready: the commands held for it go out (one at a time without
+        PIPELINING)."""
+
     def close_server(self) -> None:
         """Close the MX connection now (aborts any transaction in progress there)."""
 

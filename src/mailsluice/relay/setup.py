@@ -5,7 +5,8 @@ binding (``borrowed``) for every connection it dials after a first contact, and 
 dedicated session (``lease``) whose connection was closed after a message the proxy
 refused itself. The set-up is the same: the MX's greeting, taken by the lease; an EHLO
 (the client's last name, or our own), STARTTLS when offered (``upgrade``), the EHLO
-again; then the commands that waited in ``held`` go out, in order.
+again; then the commands that waited in ``held`` go out, in order (``Relay.send_held``: one
+at a time when the connection does not offer PIPELINING).
 
 Without a connection, a few commands are answered as the MX would (``IDLE_ANSWERS``).
 """
@@ -16,11 +17,12 @@ from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import address_text
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, Link, RelayState, Sent
+from mailsluice.relay.state import Await, RelayState, Sent
+from mailsluice.smtp import ehlo
 from mailsluice.smtp.commands import Command, parse_command
 from mailsluice.smtp.replies import Reply
 
-__all__ = ["BYE", "IDLE_ANSWERS", "default_hello", "hello_text", "release_held", "send_hello"]
+__all__ = ["BYE", "IDLE_ANSWERS", "default_hello", "hello_text", "pipelines", "send_hello"]
 
 BYE = Reply.make(221, "2.0.0", "Bye")
 _OK = Reply.make(250, "2.0.0", "Ok")
@@ -53,10 +55,6 @@ def send_hello(state: RelayState, out: Outbox, hello: Command) -> None:
     state.awaiting.append(Sent(Await.HELLO, command=hello))
 
 
-def release_held(state: RelayState, out: Outbox) -> None:
-    """The link is ready: the commands that waited for it go out, in order."""
-    state.move_link(Link.OPEN)
-    while state.held:
-        command, sent = state.held.popleft()
-        out.command_to_server(command)
-        state.awaiting.append(sent)
+def pipelines(memo: act.UpstreamState) -> bool:
+    """Whether a connection kept from before offered PIPELINING (its EHLO reply)."""
+    return memo.hello.startswith("EHLO ") and "PIPELINING" in ehlo.keywords(memo.hello_reply)

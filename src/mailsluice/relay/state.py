@@ -224,8 +224,8 @@ class RelayState:
     """The relay's state (see the module docstring); every move is checked."""
 
     __slots__ = ("awaiting", "client_tls", "draining", "errors", "held", "input", "link",
-                 "message", "mx_heard_at", "owed", "policy_check", "policy_passed",
-                 "stage", "verp")  # fmt: skip
+                 "message", "mx_heard_at", "owed", "pipelining", "policy_check",
+                 "policy_passed", "stage", "verp")  # fmt: skip
 
     def __init__(self, *, client_tls: bool = False) -> None:
         self.stage = Stage.OPENING
@@ -236,8 +236,13 @@ class RelayState:
         self.draining = False  # shutdown asked: end once no transaction is open
         self.owed: deque[Slot] = deque()
         self.awaiting: deque[Sent] = deque()
-        # late binding: client commands waiting for the MX link to be ready, in order
+        # client commands waiting for the MX link to be ready (late binding, a connection
+        # dialled again), or, on a link without PIPELINING, for the reply before them
         self.held: deque[tuple[Command, Sent]] = deque()
+        # the link offered PIPELINING in its EHLO reply: commands may go out before the
+        # replies to those before them (RFC 2920); else one at a time (postscreen(8)
+        # counts a client that pipelines without it as a bot)
+        self.pipelining = True
         self.errors = 0  # local error replies so far
         self.mx_heard_at = 0.0  # the last exchange with the MX (filter mode's keepalive clock)
         # TLS policy: the recipient waiting for its domain's check, and the domains whose

@@ -138,6 +138,7 @@ class TlsUpgrade:
         edited = (
             ehlo.edit_for_client(reply, self._size_limit, self._advertise) if ehlo_verb else reply
         )
+        self._state.pipelining = ehlo_verb and "PIPELINING" in ehlo.keywords(reply)
         if slot is None:
             self._out.line(Direction.SERVER_TO_PROXY, reply.transcript())
             self._remember(None, edited)

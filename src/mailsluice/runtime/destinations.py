@@ -203,7 +203,7 @@ class Destination:
         ):
             hold.state = "closing"
             owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=False)
-            self._close_politely(entry, say_quit=True)
+            self._close_politely(entry.hold, entry.transport, entry.outbound, say_quit=True)
             return
         transport.set_protocol(_Watch(self, entry))
         entry.idle_since = now
@@ -227,12 +227,33 @@ class Destination:
             return
         hold.state = "closing"
         self._owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=True)
-        self._close_politely(entry, say_quit=say_quit)
+        self._close_politely(entry.hold, entry.transport, entry.outbound, say_quit=say_quit)
 
-    def _close_politely(self, entry: Idle, *, say_quit: bool) -> None:
-        """QUIT, then wait (briefly) for the MX to close: only then is the slot free."""
-        hold, transport = entry.hold, entry.transport
-        self._owner.forget_outbound(entry.outbound)
+    def close_busy(
+        self,
+        hold: Hold,
+        transport: asyncio.Transport,
+        outbound: tuple[str, int, str, int] | None,
+    ) -> None:
+        """A session closes its connection in the middle of a transaction (a message it
+        refused, the MX's 421): it counts until the MX has closed it too, so that a new
+        dial never meets an MX still counting the old one."""
+        hold.state = "closing"
+        self._owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=False)
+        self._close_politely(hold, transport, outbound, say_quit=False, half=True)
+
+    def _close_politely(
+        self,
+        hold: Hold,
+        transport: asyncio.Transport,
+        outbound: tuple[str, int, str, int] | None,
+        *,
+        say_quit: bool,
+        half: bool = False,
+    ) -> None:
+        """QUIT (or our end of stream, ``half``), then wait (briefly) for the MX to close:
+        only then is the slot free."""
+        self._owner.forget_outbound(outbound)
         closing = _Closing(lambda: self.lost(hold))
         if transport.is_closing():
             closing.finish()
@@ -241,9 +262,9 @@ class Destination:
         transport.set_protocol(closing)
         if say_quit:
             transport.write(b"QUIT\r\n")
-            if transport.can_write_eof():
-                transport.write_eof()
-        else:
+        if (say_quit or half) and transport.can_write_eof():
+            transport.write_eof()
+        elif not say_quit:
             transport.close()
         self._owner.loop.call_later(_QUIT_WAIT, closing.finish)
 
@@ -283,7 +304,7 @@ class Destination:
             entry = self._idle.pop(order.conn, None)
             if entry is not None:  # (gone already: its end was reported)
                 entry.hold.state = "closing"
-                self._close_politely(entry, say_quit=True)
+                self._close_politely(entry.hold, entry.transport, entry.outbound, say_quit=True)
             return
         waiting = self._waiting.pop(order.ticket, None)
         if isinstance(order, Failed):

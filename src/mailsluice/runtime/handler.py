@@ -386,8 +386,9 @@ class ConnectionHandler:
                 else:  # (gone, or a bug of ours: no context, yet TLS was offered)
                     self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
             case act.CloseServer():
-                self.mx.close()
-                self._let_go()
+                if self._fair is None or not self.mx.close_counted():
+                    self.mx.close()
+                    self._let_go()
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:

@@ -324,6 +324,18 @@ class MxLeg:
         self._outbound = None  # the destination owns it now (and forgets it when it drops it)
         return entry
 
+    def close_counted(self) -> bool:
+        """Fair sharing: close a busy connection through its destination, which counts it
+        until the MX has closed it too (``Destination.close_busy``); False when it cannot
+        (no connection, no slot, or a TLS handshake under way): ``close`` it then."""
+        server, hold = self.transport, self.hold
+        if server is None or hold is None or not isinstance(server.get_protocol(), Side):
+            return False
+        self.transport = self.hold = None
+        outbound, self._outbound = self._outbound, None
+        hold.destination.close_busy(hold, server, outbound)
+        return True
+
     def let_go(self) -> Hold | None:
         """This connection is over for its slot: the hold to give back (at most once)."""
         hold, self.hold = self.hold, None
