@@ -85,6 +85,8 @@ def test_peak_rss_is_the_largest_process_of_each_role() -> None:
              3: proc(3, 1, LOG, rss=22_000), 4: proc(4, 1)}  # fmt: skip
     role_of = {1: "worker", 2: "log-writer", 3: "log-writer", 4: "worker"}
     assert cpusplit.rss_split(after, role_of) == {"log-writer": 22_000, "worker": 50_000}
+    now = {1: replace(after[1], rss_kib=30_000), 2: replace(after[2], rss_kib=12_000)}
+    assert cpusplit.rss_split(now, role_of, peak=False) == {"log-writer": 12_000, "worker": 30_000}
 
 
 def test_sampling_this_process() -> None:
@@ -94,6 +96,7 @@ def test_sampling_this_process() -> None:
     assert me is not None
     assert me.pid == os.getpid()
     assert me.ppid == os.getppid()
+    assert me.rss_kib
     assert me.peak_rss_kib
     assert me.utime >= 0
     assert "python" in me.cmdline.lower()
@@ -118,6 +121,7 @@ def _run(variant: str, rate: float, *, many: bool = False, worker: float = 0.5) 
             "all": {"user": worker * 0.8 + 0.1, "system": worker * 0.2, "total": worker + 0.1},
         },
         "peak_rss_kib_by_role": {"worker": 40_960, "log-writer": 20_480},
+        "start_rss_kib_by_role": {"worker": 30_720},
     }  # fmt: skip
 
 
@@ -168,8 +172,8 @@ def test_the_report_per_variant_and_mode_with_both_ratios_and_the_split() -> Non
     assert "10.00x" in d_row
     assert (
         "  mailsluice-transparent CPU ms/msg: worker 0.500 (0.400 user + 0.100 sys; "
-        "0.400-0.600) 40.0 MiB, log-writer 0.100 (0.100 user + 0.000 sys; 0.100-0.100) "
-        "20.0 MiB, all 0.600" in table
+        "0.400-0.600) 40.0 MiB (at start 30.0), log-writer 0.100 (0.100 user + 0.000 sys; "
+        "0.100-0.100) 20.0 MiB, all 0.600" in table
     )
     assert "mailsluice-transparent / nginx: 0.55x (goal >= 0.5x: met)" in table
     assert "mailsluice-transparent -d / nginx -d: 0.30x (goal >= 0.5x: NOT met)" in table

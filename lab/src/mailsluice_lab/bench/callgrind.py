@@ -111,7 +111,10 @@ def functions(path: Path) -> dict[str, int]:
     if program is None:
         raise LabError("callgrind_annotate not found (apt-get install valgrind)")
     done = subprocess.run(
-        [program, "--threshold=100", "--auto=no", str(path)], capture_output=True, text=True, timeout=300
+        [program, "--threshold=100", "--auto=no", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return parse_functions(done.stdout)
 

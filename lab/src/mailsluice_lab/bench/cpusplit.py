@@ -36,6 +36,7 @@ class ProcSample:
     cutime: int  # reaped children's user time
     cstime: int
     peak_rss_kib: int | None  # VmHWM
+    rss_kib: int | None = None  # VmRSS: now
 
 
 def roles(
@@ -85,13 +86,17 @@ def cpu_split(
     }
 
 
-def rss_split(after: Mapping[int, ProcSample], role_of: Mapping[int, str]) -> dict[str, int]:
-    """The largest peak resident set (VmHWM, KiB) of any one process, per role."""
+def rss_split(
+    after: Mapping[int, ProcSample], role_of: Mapping[int, str], *, peak: bool = True
+) -> dict[str, int]:
+    """The largest resident set (KiB) of any one process, per role: its peak (VmHWM), or
+    with ``peak=False`` its size when sampled (VmRSS: before the load, at start)."""
     out: dict[str, int] = {}
     for pid, s in after.items():
-        if s.peak_rss_kib is not None:
+        value = s.peak_rss_kib if peak else s.rss_kib
+        if value is not None:
             role = role_of.get(pid, s.name)
-            out[role] = max(out.get(role, 0), s.peak_rss_kib)
+            out[role] = max(out.get(role, 0), value)
     return dict(sorted(out.items()))
 
 
@@ -142,15 +147,17 @@ def sample(pid: int) -> ProcSample | None:
     if fields[0] in ("Z", "X"):
         return None
     cmdline = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
-    peak = None
+    peak = rss = None
     for line in (_read(f"/proc/{pid}/status") or "").splitlines():
         if line.startswith("VmHWM:"):
             peak = int(line.split()[1])
+        elif line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
     # stat fields 4 (ppid), 14-17 (utime stime cutime cstime), 22 (starttime); index - 3
     return ProcSample(
         pid=pid, ppid=int(fields[1]), name=name, cmdline=cmdline, started=int(fields[19]),
         utime=int(fields[11]), stime=int(fields[12]), cutime=int(fields[13]),
-        cstime=int(fields[14]), peak_rss_kib=peak,
+        cstime=int(fields[14]), peak_rss_kib=peak, rss_kib=rss,
     )  # fmt: skip
 
 

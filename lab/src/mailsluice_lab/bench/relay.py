@@ -114,6 +114,7 @@ class RunResult:
     cpu_by_role: dict[str, dict[str, float]] = field(default_factory=dict)  # seconds
     cpu_ms_per_message: dict[str, dict[str, float]] = field(default_factory=dict)
     peak_rss_kib_by_role: dict[str, int] = field(default_factory=dict)  # largest process
+    start_rss_kib_by_role: dict[str, int] = field(default_factory=dict)  # before the load
 
     @property
     def label(self) -> str:
@@ -277,6 +278,7 @@ def _split(
         "cpu_by_role": split,
         "cpu_ms_per_message": cpusplit.per_message_ms(split, messages),
         "peak_rss_kib_by_role": cpusplit.rss_split(after, role_of),
+        "start_rss_kib_by_role": cpusplit.rss_split(before, role_of, peak=False),
     }
 
 

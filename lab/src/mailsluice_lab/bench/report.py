@@ -136,9 +136,12 @@ def summarize(runs: Sequence[Mapping[str, object]], via: Sequence[str]) -> dict[
         rss = [int(str(run["peak_rss_kib"])) for run in ok if run["peak_rss_kib"] is not None]
         uvloop = {run["uvloop"] for run in ok if run["uvloop"] is not None}
         by_role: dict[str, int] = {}
+        at_start: dict[str, int] = {}
         for run in ok:
             for role, kib in dict(run.get("peak_rss_kib_by_role") or {}).items():  # type: ignore[call-overload]
                 by_role[role] = max(by_role.get(role, 0), int(kib))
+            for role, kib in dict(run.get("start_rss_kib_by_role") or {}).items():  # type: ignore[call-overload]
+                at_start[role] = max(at_start.get(role, 0), int(kib))
         busy = [
             float(run["machine_cpu"]["busy_pct"])  # type: ignore[index]
             for run in ok
@@ -157,6 +160,7 @@ def summarize(runs: Sequence[Mapping[str, object]], via: Sequence[str]) -> dict[
             "cpu_ms_per_message": cpu_per_message(ok),
             "peak_rss_kib_max": max(rss) if rss else None,
             "peak_rss_kib_by_role": dict(sorted(by_role.items())),
+            "start_rss_kib_by_role": dict(sorted(at_start.items())),
             "machine_busy_pct_median": _median(busy, 1),
             "uvloop": uvloop.pop() if len(uvloop) == 1 else None,
             "notes": sorted({str(run["note"]) for run in mine if run["note"]}),
@@ -234,6 +238,7 @@ def split_lines(summary: Mapping[str, object]) -> list[str]:
             continue  # not mailsluice: its processes by name are in relay.json
         parts = []
         rss = dict(entry.get("peak_rss_kib_by_role") or {})
+        start = dict(entry.get("start_rss_kib_by_role") or {})
         for role in [*sorted(roles, key=_role_order), "all"]:
             cpu = per_msg[role]
             text = (
@@ -242,6 +247,8 @@ def split_lines(summary: Mapping[str, object]) -> list[str]:
             )
             if role in rss:
                 text += f" {rss[role] / 1024:.1f} MiB"
+                if role in start:
+                    text += f" (at start {start[role] / 1024:.1f})"
             parts.append(text)
         lines.append(f"  {name} CPU ms/msg: " + ", ".join(parts))
     return lines
