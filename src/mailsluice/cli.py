@@ -26,7 +26,7 @@ from mailsluice.config import (
     load_file,
     settings_from_mapping,
 )
-from mailsluice.logplace import DEFAULT_LOG, NoLogPlace, default_log
+from mailsluice.logplace import NoLogPlace, default_log
 from mailsluice.plugins.build import BuildError
 
 # -- subcommands of other distributions (the lab) ---------------------------------------
@@ -125,7 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow", nargs="+", metavar="CIDR", help="client networks allowed to connect"
     )
-    serve.add_argument("--message-size-limit", type=int, metavar="BYTES")
+    serve.add_argument(
+        "--message-size-limit",
+        type=int,
+        metavar="BYTES",
+        help="the largest message taken, 552 5.3.4 above it (default 10240000, 0: no limit)",
+    )
     serve.add_argument(
         "--workers", type=int, metavar="N", help="worker processes sharing the port (default 1)"
     )
@@ -150,8 +155,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every session event")
 
-    check = sub.add_parser("check-config", help="validate a configuration file")
-    check.add_argument("file", type=Path)
+    check = sub.add_parser(
+        "check-config",
+        help="validate a configuration file as serve would (with the same start checks)",
+    )
+    check.add_argument("file", type=Path, nargs="?", help="the TOML configuration file")
+    check.add_argument(
+        "--config", type=Path, dest="config_file", help="the same file, as serve takes it"
+    )
+    check.add_argument(
+        "--no-host-checks",
+        dest="host_checks",
+        action="store_false",
+        help="skip the checks that ask this host (its addresses, resolver and files): for "
+        "a file checked on another machine than the one that runs it",
+    )
 
     sessions = sub.add_parser("sessions", help="list logged sessions, newest first")
     _common_log_options(sessions)
@@ -185,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     transcript = sub.add_parser("transcript", help="print one session's commands and replies")
     _common_log_options(transcript)
-    transcript.add_argument("id", help="session id (a unique prefix is enough)")
+    transcript.add_argument(
+        "id",
+        help="session id: all of it, its start, or its end (its number, e.g. 000042; a "
+        "process's ids share their first 12 characters), as long as one session matches",
+    )
 
     from mailsluice.ctl_cli import add_parsers as add_ctl_parsers
 
@@ -195,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name not in sub.choices:
             what = LAB_COMMANDS.get(name, "a command of another distribution")
             extra = sub.add_parser(name, help=what, add_help=False)
-            extra.add_argument("args", nargs=argparse.REMAINDER)
+            extra.add_argument(
+                "args", nargs=argparse.REMAINDER, help=f"its own (mailsluice {name} --help)"
+            )
     return parser
 
 
@@ -286,35 +310,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_ctl(args)
     if args.command == "check-config":
-        settings = load_file(args.file)
-        from mailsluice.plugins.build import build_filter_chain, build_watchers
+        from mailsluice.checkconfig_cli import check_config
 
-        try:  # loads every plugin and filter (nothing is connected to)
-            chain = build_filter_chain(settings)
-            watchers = build_watchers(settings)
-        except BuildError as exc:
-            raise ConfigError(f"{args.file}: {exc}") from None
-        from mailsluice.runtime.clienttls import check as check_client_tls
-
-        try:  # the client leg's certificate, key and suites (no file is made)
-            client_tls = check_client_tls(settings)
-        except ConfigError as exc:
-            raise ConfigError(f"{args.file}: {exc}") from None
-        mode = f"upstream {settings.upstream}" if settings.upstream else "transparent"
-        extras = "".join(
-            f", {label}"
-            for label, present in (
-                (f"filters: {', '.join(chain.names)}" if chain else "", chain is not None),
-                (f"{len(watchers)} watching plugin(s)", bool(watchers)),
-                (f"{len(settings.log_sinks)} extra log sink(s)", bool(settings.log_sinks)),
-                (client_tls, True),
-            )
-            if present
-        )
-        listen = ", ".join(map(str, settings.listen_addresses))
-        log = settings.log or f"{DEFAULT_LOG} (the default)"
-        print(f"{args.file}: OK (listen {listen}, {mode}, log {log}{extras})")
-        return 0
+        if (args.file is None) == (args.config_file is None):
+            print("mailsluice check-config: give the file once: check-config FILE, or "
+                  "check-config --config FILE", file=sys.stderr)  # fmt: skip
+            return 2
+        return check_config(args.file or args.config_file, host=args.host_checks)
     settings = settings_from_args(args)
     log_url = settings.log
     if log_url is None:  # the default place; a fallback is said once, here

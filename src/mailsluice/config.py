@@ -9,12 +9,13 @@ from __future__ import annotations
 import ipaddress
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from mailsluice.fairconfig import FairConfigError, FairSettings
 from mailsluice.fairconfig import parse as parse_fair
+from mailsluice.keyhints import TABLE_KEYS, hint
 from mailsluice.logplace import DEFAULT_LOG as DEFAULT_LOG
 from mailsluice.plugins.settings import (
     FilteringSettings,
@@ -46,6 +47,18 @@ DEFAULT_ALLOW: tuple[str, ...] = (
     "fc00::/7",
 )
 
+
+#: every key of the top level (a table's name included), for ``did you mean``
+TOP_KEYS = (
+    "listen", "upstream", "outbound_ip", "allow", "log", "state_file", "admin_listen",
+    "admin_token_file", "log_queue_limit", "workers", "max_connections",
+    "max_connections_per_client", "shutdown_grace", "reuse_connections", "reuse_idle_timeout",
+    "reuse_max_age", "reuse_max_idle", "reuse_max_sessions", "log_process", "verbose",
+    "message_size_limit", "max_recipients", "bare_newline", "tls", "log_headers", "xverp",
+    "hostname", "timeouts", "log_sinks", "filtering", "filters", "plugins", "fair_sharing",
+    "destinations", "tenants", "deferral_rules", *CLIENT_KEYS, "tls_policy", "tls_policies",
+    "source_addresses", "source_rules", "source_penalty",
+)  # fmt: skip
 
 AllowEntry = ipaddress.IPv4Network | ipaddress.IPv6Network | Literal["local"]
 
@@ -217,11 +230,14 @@ def _choice(raw: object, key: str, allowed: tuple[str, ...]) -> str:
 def _timeouts(table: object, base: Timeouts) -> Timeouts:
     if not isinstance(table, Mapping):
         raise ConfigError("timeouts: expected a table, e.g. [timeouts]")
-    known = {f.name for f in fields(Timeouts)}
+    known = TABLE_KEYS["timeouts"]  # (hold_max is fair_sharing's: the relay gets it there)
     changes: dict[str, float] = {}
     for key, raw in table.items():
         if key not in known:
-            raise ConfigError(f"timeouts.{key}: unknown timeout; known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"timeouts.{key}: unknown timeout{hint(key, known, 'timeouts')}; known: "
+                f"{', '.join(sorted(known))}"
+            )
         changes[key] = _number(raw, f"timeouts.{key}", minimum=0.001)
     return replace(base, **changes)
 
@@ -381,7 +397,9 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
             case "plugins":
                 top["plugins"] = parse_plugins(raw)
             case _:
-                raise ConfigError(f"{key}: unknown setting (see docs/configuration.md)")
+                raise ConfigError(
+                    f"{key}: unknown setting{hint(key, TOP_KEYS)} (see docs/configuration.md)"
+                )
     return replace(settings, relay=relay, **top)
 
 

@@ -129,24 +129,39 @@ def _admin(args: argparse.Namespace) -> Admin:
 
 
 # ------------------------------------------------------------------ parsers
-def _connection_options(parser: argparse.ArgumentParser) -> None:
+def _connection_options(parser: argparse.ArgumentParser, *, inner: bool = False) -> None:
+    """The options that find the admin server. ``inner``: on an action of ``ctl``, which
+    takes them after it as well as before it (``ctl --config F sessions`` and ``ctl
+    sessions --config F``): given there, they win; not given, they leave ``ctl``'s."""
+    kept: dict[str, Any] = {"default": argparse.SUPPRESS} if inner else {}
     parser.add_argument("--config", type=Path, help="the proxy's configuration (admin_listen, "
-                        "admin_token_file)")  # fmt: skip
+                        "admin_token_file)", **kept)  # fmt: skip
     parser.add_argument("--admin", metavar="HOST:PORT", help=f"the admin server (default: "
-                        f"admin_listen of --config, else {DEFAULT_ADMIN})")  # fmt: skip
-    parser.add_argument("--token-file", help="the bearer token's file (default: admin_token_file)")
-    parser.add_argument("--json", action="store_true", help="print the API's JSON answer")
+                        f"admin_listen of --config, else {DEFAULT_ADMIN})", **kept)  # fmt: skip
+    parser.add_argument("--token-file", metavar="FILE", help="the bearer token's file "
+                        "(default: admin_token_file of --config)", **kept)  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the API's JSON answer "
+                        "(top: one JSON object a frame, a line each)", **kept)  # fmt: skip
 
 
 def add_parsers(sub: Any) -> None:
     """``ctl`` and ``top`` on the main parser's subparsers."""
     ctl = sub.add_parser("ctl", help="act on a running proxy (suspend, resume, drain, ...)")
+    _connection_options(ctl)
     actions = ctl.add_subparsers(dest="action", required=True)
     suspend = actions.add_parser("suspend", help="suspend a tenant, destination or source")
-    suspend.add_argument("kind", choices=("tenant", "destination", "source"))
-    suspend.add_argument("name", help="tenant group or client address; MX address[:port]; "
-                         "source address")  # fmt: skip
-    suspend.add_argument("--for", dest="duration", default="30m", help="how long (30m, 2h, 1d)")
+    suspend.add_argument("kind", choices=("tenant", "destination", "source"),
+                         help="what to suspend")  # fmt: skip
+    suspend.add_argument("name", help="tenant: a [[tenants]] group or a client address; "
+                         "destination: an MX address[:port]; source: one of this proxy's "
+                         "source addresses (outbound_ip, [[source_addresses]])")  # fmt: skip
+    suspend.add_argument(
+        "--for",
+        dest="duration",
+        default="30m",
+        metavar="DURATION",
+        help="how long: 90s, 30m, 2h, 1d (default 30m; at most 30 days)",
+    )
     suspend.add_argument("--reason", default="", help="said to the refused clients")
     resume = actions.add_parser("resume", help="end a suspension now")
     resume.add_argument("id", help="the suspension's id (ctl suspensions lists them)")
@@ -161,7 +176,7 @@ def add_parsers(sub: Any) -> None:
     ):
         parsers.append(actions.add_parser(name, help=what))
     for parser in parsers:
-        _connection_options(parser)
+        _connection_options(parser, inner=True)
     top = sub.add_parser("top", help="a live view of a running proxy, refreshed every second")
     _connection_options(top)
     top.add_argument("--once", action="store_true", help="print one frame and exit")
@@ -280,9 +295,11 @@ def render_frame(
         delivered = float(overview.get("delivered", 0)) - previous.delivered
         rate = f"{delivered / (now - previous.at):.1f}"
     mode = "fair sharing" if overview.get("fair_sharing") else "no fair sharing"
+    draining = (f"  {b}DRAINING: not accepting new sessions{r}" if overview.get("draining")
+                else "")  # fmt: skip
     lines = [
         f"{b}mailsluice top{r}  {where}  {_clock(now)}  ({overview.get('workers', 1)} worker(s), "
-        f"{mode}, up {float(overview.get('uptime_s', 0)):.0f}s)",
+        f"{mode}, up {float(overview.get('uptime_s', 0)):.0f}s){draining}",
         f"sessions in flight {b}{len(sessions)}{r}   msg/s {b}{rate}{r}   delivered "
         f"{overview.get('delivered', 0):.0f}   deferrals {_deferred(overview):.0f}   "
         f"suspensions {overview.get('suspensions', 0)}",
@@ -327,18 +344,23 @@ def _top(
     args: argparse.Namespace, admin: Admin, out: TextIO, sleep: Callable[[float], None]
 ) -> int:
     previous: Sample | None = None
-    color = out.isatty() and not args.once
+    color = out.isatty() and not args.once and not args.json
     while True:
         overview = admin.call("GET", "/api/overview")
-        frame = render_frame(
-            str(admin.where), overview, admin.call("GET", "/api/sessions")["sessions"],
-            admin.call("GET", "/api/destinations")["destinations"],
-            admin.call("GET", "/api/tenants")["tenants"], previous, color=color,
-        )  # fmt: skip
+        sessions = admin.call("GET", "/api/sessions")["sessions"]
+        destinations = admin.call("GET", "/api/destinations")["destinations"]
+        tenants = admin.call("GET", "/api/tenants")["tenants"]
+        if args.json:  # one object a frame, a line each (for jq, or a log)
+            whole = {"overview": overview, "sessions": sessions,
+                     "destinations": destinations, "tenants": tenants}  # fmt: skip
+            frame = json.dumps(whole) + "\n"
+        else:
+            frame = render_frame(str(admin.where), overview, sessions, destinations, tenants,
+                                 previous, color=color)  # fmt: skip
         if args.once:
             out.write(frame)
             return 0
-        out.write(CLEAR + frame)
+        out.write(frame if args.json else CLEAR + frame)
         out.flush()
         previous = Sample(float(overview["now"]), float(overview["delivered"]), _deferred(overview))
         sleep(max(0.2, args.interval))

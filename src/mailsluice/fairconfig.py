@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mailsluice.keyhints import TABLE_KEYS, hint
 from mailsluice.policy.deferrals import DeferralClass, Response, Rule, default_rules
 from mailsluice.policy.destrules import DestinationRule, normal_name
 from mailsluice.policy.learned import LimitRules
@@ -55,6 +56,8 @@ from mailsluice.policy.learned import LimitRules
 __all__ = ["DestinationRule", "FairSettings", "FairConfigError", "TenantGroup", "parse"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: seconds: hold_max stays well under the MSAs' 300 s wait for the reply to MAIL FROM
+HOLD_MAX_LIMIT = 250.0
 
 
 class FairConfigError(ValueError):
@@ -127,7 +130,16 @@ def parse(
         elif key == "max_transactions":
             top[key] = _integer(raw, name, minimum=1)
         else:
-            raise FairConfigError(f"{name}: unknown key (see docs/configuration.md)")
+            said = hint(key, TABLE_KEYS["fair_sharing"], "fair_sharing")
+            raise FairConfigError(f"{name}: unknown key{said} (see docs/configuration.md)")
+    if top.get("hold_max", 0) > HOLD_MAX_LIMIT:
+        raise FairConfigError(
+            f"fair_sharing.hold_max: {top['hold_max']:g} s is too long: a transaction waits "
+            "that long for the reply to its MAIL FROM, and the tenants' MSAs give up on that "
+            "reply after 300 s (Postfix's smtp_mail_timeout, RFC 5321's 5 minutes), so "
+            "the wait would end in a dropped connection rather than our 451 4.4.5. Give at "
+            f"most {HOLD_MAX_LIMIT:g} (the default is 120)"
+        )
     rules = LimitRules(**{**_limit_defaults(base.limits), **limits})
     if rules.start > rules.ceiling:
         raise FairConfigError("fair_sharing.start: must not be above fair_sharing.ceiling")
@@ -253,7 +265,8 @@ def _deferral(index: int, raw: Mapping[str, Any]) -> Rule:
 def _only(raw: Mapping[str, Any], where: str, keys: set[str]) -> None:
     unknown = set(raw) - keys
     if unknown:
-        raise FairConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        first = sorted(unknown)[0]
+        raise FairConfigError(f"{where}: unknown key {first!r}{hint(first, keys, where)}")
 
 
 def _network(value: Any, key: str) -> Network:

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mailsluice.keyhints import hint
 from mailsluice.policy.destrules import normal_name
 from mailsluice.policy.sources import SourceAddress, SourcePool, SourceRule
 
@@ -233,6 +234,8 @@ def _list(raw: Any, key: str) -> list[Mapping[str, Any]]:
 def _only(raw: Mapping[str, Any], where: str, keys: set[str]) -> None:
     unknown = set(raw) - keys
     if unknown:
+        first = sorted(unknown)[0]
         raise SourceConfigError(
-            f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(keys))})"
+            f"{where}: unknown key {first!r}{hint(first, keys, where)} "
+            f"(known: {', '.join(sorted(keys))})"
         )

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mailsluice.keyhints import TABLE_KEYS, hint
 from mailsluice.policy.tls.model import Level, TlsPolicyRule
 
 __all__ = ["TlsConfigError", "TlsPolicyRule", "TlsSettings", "parse", "parse_resolver"]
@@ -92,7 +93,9 @@ def parse(top: Mapping[str, Any], table: Any = None, rules: Any = None) -> TlsSe
         elif key == "client_tls_ciphers":
             values[key] = _text(raw, key)
         else:
-            raise TlsConfigError(f"{key}: unknown setting (see docs/tls.md)")
+            raise TlsConfigError(
+                f"{key}: unknown setting{hint(key, CLIENT_KEYS)} (see docs/tls.md)"
+            )
     if bool(values.get("client_tls_cert")) != bool(values.get("client_tls_key")):
         raise TlsConfigError(
             "client_tls_cert and client_tls_key: give both (or neither, for a self-signed pair)"
@@ -125,7 +128,8 @@ def parse(top: Mapping[str, Any], table: Any = None, rules: Any = None) -> TlsSe
                 raise TlsConfigError(f"{name}: expected a port number, e.g. 443")
             values[key] = raw
         else:
-            raise TlsConfigError(f"{name}: unknown key (see docs/tls.md)")
+            said = hint(key, TABLE_KEYS["tls_policy"], "tls_policy")
+            raise TlsConfigError(f"{name}: unknown key{said} (see docs/tls.md)")
     if rules is not None:
         if not isinstance(rules, list):
             raise TlsConfigError("tls_policies: expected an array of tables, [[tls_policies]]")

@@ -76,6 +76,12 @@ def run_tlsrpt(
     except ValueError as exc:
         print(f"mailsluice tlsrpt: --day: {exc}", file=stderr)
         return 2
+    if not db.exists():
+        print(f"mailsluice tlsrpt: no TLS report counts at {db}: the proxy writes them there, "
+              "beside its state file, once it has relayed a session ([tls_policy] tlsrpt, on "
+              "by default); give the proxy's configuration (--config FILE, or its --log), or "
+              "the counts' file (--db PATH)", file=stderr)  # fmt: skip
+        return 1
     try:
         tally = read_day(db, day)
     except Exception as exc:  # sqlite3.Error and the like: a damaged or foreign file

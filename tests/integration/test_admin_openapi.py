@@ -63,13 +63,13 @@ async def test_the_routes_and_the_answers_match_the_spec(
 
         port = admin_port(proxy)
         held = await held_session(proxy, "127.0.0.2")
-        body = {"kind": "tenant", "name": "news", "seconds": 60, "reason": "flood"}
+        body = {"kind": "tenant", "name": "shop", "seconds": 60, "reason": "flood"}
         status, made = await acall(port, "POST", "/api/suspensions", body)
         _check(spec, "/api/suspensions", "POST", status, made)
         status, bad = await acall(port, "POST", "/api/suspensions", {"kind": "planet"})
         _check(spec, "/api/suspensions", "POST", status, bad)
         for path in ("/api/overview", "/api/sessions", "/api/destinations", "/api/tenants",
-                     "/api/suspensions", "/api/recent"):  # fmt: skip
+                     "/api/suspensions", "/api/recent", "/api/history"):  # fmt: skip
             status, got = await acall(port, "GET", path)
             assert status == 200, (path, got)
             _check(spec, path, "GET", status, got)

@@ -5,9 +5,11 @@ delivered, three sessions held mid-body. The test opens the page, types the toke
 checks what a person sees: "sessions in flight" is 3, the destination's row says 3 in
 use, the throughput chart has points, a click on a recent session shows its transcript
 lines, and a tenant suspended through the page's form shows in the suspensions table and
-in the tenant's row; a click on a session in flight shows its transcript so far. A
-screenshot goes to ``docs/img/dashboard.png`` when ``MAILSLUICE_SCREENSHOT`` is set
-(``MAILSLUICE_SCREENSHOT=1 pytest ...``).
+in the tenant's row; a click on a session in flight shows its transcript so far. Opened
+mid-run, the page shows the last minutes the server kept at once, the recent sessions
+their sender, recipients and close reason, and a drain. A screenshot of it goes to
+``docs/img/dashboard.png`` when ``MAILSLUICE_SCREENSHOT`` is set
+(``MAILSLUICE_SCREENSHOT=1 pytest ... -k mid_run``).
 
 Skipped (with the reason) when chromium, chromedriver or selenium is missing; CI installs
 them (``scripts/bootstrap``). Selenium Manager never downloads anything: the driver and
@@ -21,12 +23,20 @@ import ipaddress
 import os
 import shutil
 import smtplib
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.admin_helpers import TOKEN, admin_port, admin_settings, held_session
+from tests.integration.admin_helpers import (
+    TOKEN,
+    acall,
+    admin_port,
+    admin_settings,
+    held_session,
+)
 from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair
 
@@ -194,14 +204,96 @@ async def test_the_dashboard_shows_live_traffic(
             await asyncio.to_thread(_send, proxy.port, "127.0.0.3", 1)
         assert b"tenant news suspended by the operator" in refused.value.smtp_error
 
-        if os.environ.get("MAILSLUICE_SCREENSHOT"):  # a chart worth looking at
-            for _ in range(16):
-                await asyncio.to_thread(_send, proxy.port, "127.0.0.4", 3)
-                await asyncio.sleep(0.7)
-            browser.set_window_size(1400, 1500)
-            await _until(clicked)
-            await asyncio.sleep(1.5)
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            browser.save_screenshot(str(SCREENSHOT))
+        for client in held:
+            client.close()
+
+
+class _Traffic:
+    """Mail from a few tenants, a message every ``pause`` s, until stopped (bounded)."""
+
+    def __init__(self, port: int, pause: float, limit: int = 2000) -> None:
+        self._port, self._pause, self._limit = port, pause, limit
+        self._stop = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        tenants = {"127.0.0.2": "shop.example", "127.0.0.4": "blog.example",
+                   "127.0.0.5": "club.example", "127.0.0.6": "ngo.example"}  # fmt: skip
+        while not self._stop.is_set() and self.sent < self._limit:
+            source = list(tenants)[self.sent % len(tenants)]
+            with smtplib.SMTP("127.0.0.1", self._port, local_hostname="c.test", timeout=20,
+                              source_address=(source, 0)) as smtp:  # fmt: skip
+                for n in range(1 + self.sent % 3):
+                    rcpts = [f"r{n}@mx.test"] + [f"cc{n}@mx.test"] * (self.sent % 2)
+                    smtp.sendmail(f"news@{tenants[source]}", rcpts, "Subject: x\r\n\r\nhi\r\n")
+            self.sent += 1
+            self._stop.wait(self._pause)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def test_the_dashboard_opened_mid_run_shows_the_last_minutes_at_once(
+    browser: Any, proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """Opened while traffic runs: the chart has what the server kept from before the page
+    was opened (it used to start empty), the recent sessions show their sender,
+    recipients and why they ended, and a drain shows. With ``MAILSLUICE_SCREENSHOT`` set
+    it runs longer and saves the screenshot (``docs/img/dashboard.png``)."""
+    from selenium.webdriver.common.by import By
+
+    screenshot = bool(os.environ.get("MAILSLUICE_SCREENSHOT"))
+    settings = admin_settings(tmp_path)
+    async with (
+        ScriptedMX() as mx,
+        proxy_factory((mx.host, mx.port), settings=settings, fair=fair(tenants=GROUPS)) as proxy,
+    ):
+        port = admin_port(proxy)
+        traffic = _Traffic(proxy.port, pause=0.25 if screenshot else 0.2)
+        async with asyncio.TaskGroup() as group:
+            sending = group.create_task(asyncio.to_thread(traffic.run))
+            try:
+                await acall(port, "POST", "/api/suspensions",
+                            {"kind": "tenant", "name": "news", "seconds": 1800,
+                             "reason": "flood from its list server"})  # fmt: skip
+                await asyncio.sleep(45 if screenshot else 5)  # the run before the page opens
+                held = [await held_session(proxy, "127.0.0.2") for _ in range(2)]
+                opened = time.time()
+                await asyncio.to_thread(browser.get, f"http://127.0.0.1:{port}/")
+                await _until(lambda: browser.find_element(By.ID, "token").is_displayed())
+                browser.find_element(By.ID, "token").send_keys(TOKEN)
+                browser.find_element(By.ID, "login-button").click()
+                await _until(lambda: browser.execute_script(
+                    "return history.length && history[0].t") not in (0, None))  # fmt: skip
+                first = browser.execute_script("return history[0].t")
+                assert first < opened - 2, (first, opened)  # from before the page was opened
+                await _until(lambda: int(browser.find_element(
+                    By.CSS_SELECTOR, "polyline.series-throughput").get_attribute(
+                    "data-points")) >= 2)  # fmt: skip
+                await _until(lambda: "<news@" in browser.find_element(By.ID, "recent").text)
+                heads = browser.execute_script(
+                    "return [...document.querySelectorAll('#recent th')].map(e => e.innerText)"
+                )
+                assert heads == ["started", "client", "sender", "recipients", "destination",
+                                 "final", "reason"]  # fmt: skip
+                rows = browser.execute_script(
+                    "return [...document.querySelectorAll('tr.recent-row')].map(r => r.innerText)"
+                )
+                ended = [r for r in rows if "<news@" in r and "\tquit" in r]  # (some still open)
+                assert ended, rows
+                assert all("r0@mx.test" in r and "\t221\t" in r for r in ended), ended
+                if screenshot:
+                    browser.set_window_size(1400, 1700)
+                    browser.find_element(By.CSS_SELECTOR, "tr.session-row").click()
+                    await _until(lambda: "354" in browser.find_element(By.ID, "transcript").text)
+                    await asyncio.sleep(1.5)
+                    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+                    browser.save_screenshot(str(SCREENSHOT))
+                assert not browser.find_element(By.ID, "draining").is_displayed()
+            finally:
+                traffic.stop()
+            await sending
+        await acall(port, "POST", "/api/drain")
+        await _until(lambda: browser.find_element(By.ID, "draining").is_displayed())
         for client in held:
             client.close()

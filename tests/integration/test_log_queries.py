@@ -92,3 +92,39 @@ def test_the_cli_prints_the_same_on_every_backend(
 def test_a_case_that_cannot_match_reads_nothing(log_url: str) -> None:
     nothing = Case({"client": "203.0.113.1", "tls": "yes"}, ())
     assert list_sessions(log_url, 0, nothing.where) == []
+
+
+def test_a_session_is_found_by_the_end_of_its_id(log_url: str, sqlite_log: str) -> None:
+    """``transcript 3``: no id starts so, one ends so (issue 23: a process's ids share
+    their first 12 characters, so a prefix seldom helps, its number does)."""
+    from mailsluice.sessionlog.codec import SessionNotFound
+    from mailsluice.sessionlog.reader import session_with_transcript
+
+    expected = session_with_transcript(sqlite_log, "s3")
+    assert session_with_transcript(log_url, "3") == expected
+    assert session_with_transcript(log_url, "s3") == expected
+    with pytest.raises(SessionNotFound, match="no session '9'"):
+        session_with_transcript(log_url, "9")
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "jsonl"])
+def test_the_cli_finds_a_proxy_session_by_its_number(tmp_path: Path, scheme: str) -> None:
+    """Ids as the proxy makes them: one process's share all but their number."""
+    from tests.support.query_corpus import _closed, _opened
+
+    from mailsluice.sessionlog.cli_commands import print_transcript
+
+    ids = [f"6b0f675c1489-{n:06d}" for n in (1, 2, 12)]
+    path = tmp_path / ("log.db" if scheme == "sqlite" else "log.jsonl")
+    backend = SqliteBackend(path) if scheme == "sqlite" else JsonlBackend(path)
+    made = [(_opened(sid, NOW, "192.0.2.1:1", "192.0.2.2:25"), _closed(sid, NOW + 1, 221, False))
+            for sid in ids]  # fmt: skip
+    write(backend, [record for pair in made for record in pair], 4)
+    url = f"{scheme}:{path}"
+    out, err = io.StringIO(), io.StringIO()
+    assert print_transcript(url, "000002", out, err=err) == 0, err.getvalue()
+    assert "6b0f675c1489-000002" in out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    assert print_transcript(url, "2", out, err=err) == 1
+    assert "is ambiguous" in err.getvalue()
+    assert "6b0f675c1489-000002, 6b0f675c1489-000012" in err.getvalue()

@@ -35,6 +35,13 @@ class _FakeTransport:
         self.eof = eof
         self.eof_fails = eof_fails
         self.events: list[str] = []
+        self.protocol: object = None
+
+    def get_protocol(self) -> object:
+        return self.protocol
+
+    def set_protocol(self, protocol: object) -> None:
+        self.protocol = protocol
 
     def get_extra_info(self, name: str, default: object = None) -> object:
         return {"peername": (LOOPBACK, 40000)}.get(name, default)

@@ -105,3 +105,25 @@ async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
     assert mx.sessions == []
     [session] = sessions(tmp_path)
     assert session["reason"] == "internal-error"
+
+
+async def test_a_client_outside_allow_gets_4_7_1_even_without_an_original_destination(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transparent mode, no conntrack entry for the connection, and a client outside
+    ``allow``: it is refused as a stranger, ``421 4.7.1`` as documented (it got 4.3.5)."""
+    import ipaddress
+
+    from mailsluice.runtime import services
+
+    def untracked(sock: socket.socket) -> tuple[str, int]:
+        raise OSError(errno.ENOENT, "no conntrack entry")
+
+    monkeypatch.setattr(services, "original_destination", untracked)
+    settings = runtime_settings(None, tmp_path, allow=(ipaddress.ip_network("192.0.2.0/24"),))
+    async with Proxy(settings) as proxy, await connect(proxy) as client:
+        reply = await outcome(client)
+    assert reply.startswith("421 4.7.1 mailsluice Error: access denied for 127.0.0.1"), reply
+    allowed = runtime_settings(None, tmp_path)  # (an allowed client: still 4.3.5)
+    async with Proxy(allowed) as proxy, await connect(proxy) as client:
+        assert (await outcome(client)).startswith("421 4.3.5")

@@ -170,6 +170,10 @@ async def test_a_refusing_endpoint_makes_the_command_fail(
 def test_a_day_without_counts_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    store = TlsRptStore(tmp_path / "none.db")  # counts of another day only
+    store.record(PLAIN, OK, sending_ip="192.0.2.1", mx_host=None, mx_ip="203.0.113.1",
+                 now=NOW + 5 * 86_400)  # fmt: skip
+    store.close()
     argv = ["tlsrpt", "--db", str(tmp_path / "none.db"), "--day", DAY, "--out", str(tmp_path / "o"),
             "--log", f"sqlite:{tmp_path / 'sessions.db'}"]  # fmt: skip
     assert main(argv) == 0

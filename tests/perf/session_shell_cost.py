@@ -61,6 +61,9 @@ class MemoryTransport:
     def get_protocol(self) -> Any:
         return self._protocol
 
+    def set_protocol(self, protocol: Any) -> None:
+        self._protocol = protocol
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"peername": ("127.0.0.1", 40000), "socket": None}.get(name, default)
 

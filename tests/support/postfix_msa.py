@@ -89,6 +89,9 @@ FAST_RETRY: Mapping[str, str] = {
     "in_flow_delay": "0",  # do not slow submission down while delivery is failing
 }
 
+#: Settings that put every submitted message on hold (``release_held`` lets them go).
+HOLD_SUBMITTED: Mapping[str, str] = {"header_checks": "static:HOLD"}
+
 _STATUS = re.compile(r"\bstatus=([a-z]+)\b")
 _MESSAGE_ID = re.compile(r"\b(?P<queue_id>[0-9A-Za-z]+): message-id=<(?P<message_id>[^>]*)>")
 _DELIVERY = re.compile(
@@ -289,11 +292,7 @@ class PostfixMSA:
                 settings=self.settings,
             )
         )
-        listeners = "".join(
-            f"{address} inet n - n - - smtpd{''.join(f' -o {option}' for option in options)}\n"
-            for address, options in self.smtpd_listeners.items()
-        )
-        (self.config_dir / "master.cf").write_text(listeners + _SERVICES)
+        (self.config_dir / "master.cf").write_text(self.listener_lines() + _SERVICES)
         self._started = True  # from here on, stop() has something to clean up
         done = self._run("postfix", "start", timeout=self.startup_timeout)
         if done.returncode != 0:
@@ -306,6 +305,14 @@ class PostfixMSA:
             self._wait_listening()
         else:
             self._wait_greeting()
+
+    def listener_lines(self) -> str:
+        """master.cf's network services: an smtpd per ``smtpd_listeners`` entry (a subclass
+        may put something else there, e.g. postscreen in front of smtpd)."""
+        return "".join(
+            f"{address} inet n - n - - smtpd{''.join(f' -o {option}' for option in options)}\n"
+            for address, options in self.smtpd_listeners.items()
+        )
 
     def _read_master_pid(self) -> None:
         pid_file = self.queue_dir / "pid" / "master.pid"
@@ -445,6 +452,13 @@ class PostfixMSA:
                 f"{' '.join(argv)} exited {done.returncode}: "
                 f"{done.stderr.decode(errors='replace').strip()[-800:]}"
             )
+
+    def release_held(self) -> None:
+        """Release every message on hold (``postsuper -H ALL``): with ``HOLD_SUBMITTED``
+        in ``settings`` a batch submitted one by one goes out at once."""
+        done = self._run("postsuper", "-H", "ALL", timeout=20)
+        if done.returncode != 0:
+            raise PostfixError(f"postsuper -c {self.config_dir} -H ALL failed: {done.stderr}")
 
     def flush(self) -> None:
         """Ask the instance to retry every deferred message now (``postqueue -f``)."""

@@ -20,6 +20,13 @@ one as Postfix ships (PIPELINING, CHUNKING) and one without PIPELINING:
 MX's own ``Received:`` header (the id its ``250 2.0.0 Ok: queued as ...`` reply named), the
 Message-ID, whether the client used TLS, and the body (everything after the header
 section) as stored. ``connections()`` counts the SMTP connections smtpd accepted.
+
+For the MX-side interop matrix (``tests/system/test_interop_mx.py``) the same MX can run
+postscreen(8) in front of its smtpd (``postscreen=True``: ``postscreen_*`` settings in
+``settings``; its cache is under the instance's own ``data_directory``), anvil limits or a
+policy service (``settings`` as well), and its log is read back: ``peak_connections``
+(the most sessions one client, or all, held at once, postscreen's and smtpd's) and
+``violations`` (anvil's and postscreen's complaints about one client, by kind).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.parser import BytesHeaderParser
@@ -37,6 +45,39 @@ from tests.support.postfix_msa import PostfixMSA
 
 #: The delivery account of every mailbox (virtual(8) refuses uids below 100).
 MAILBOX_USER = "nobody"
+
+_CLIENT = r"\S*\[(?P<addr>[^\]]+)\]"  # "unknown[10.0.0.1]", "[10.0.0.1]"
+_SCREEN = r"/postscreen\[\d+\]: "
+#: What anvil(8) and postscreen(8) log against a client, by kind (``violations``); each
+#: pattern has the client's address as its group ``addr``.
+VIOLATIONS: Mapping[str, str] = {
+    "connection count": rf"warning: Connection concurrency limit exceeded: \d+ from {_CLIENT}",
+    "connection rate": rf"warning: Connection rate limit exceeded: \d+ from {_CLIENT}",
+    "message rate": rf"warning: Message delivery request rate limit exceeded: \d+ from {_CLIENT}",
+    "recipient rate": rf"warning: Recipient address rate limit exceeded: \d+ from {_CLIENT}",
+    "too many errors": rf"too many errors after \S+ .*from {_CLIENT}",
+    "PREGREET": rf"{_SCREEN}PREGREET .* from {_CLIENT}",
+    "COMMAND PIPELINING": rf"{_SCREEN}COMMAND PIPELINING from {_CLIENT}",
+    "NON-SMTP COMMAND": rf"{_SCREEN}NON-SMTP COMMAND from {_CLIENT}",
+    "BARE NEWLINE": rf"{_SCREEN}BARE NEWLINE from {_CLIENT}",
+    "COMMAND COUNT LIMIT": rf"{_SCREEN}COMMAND COUNT LIMIT from {_CLIENT}",
+    "COMMAND LENGTH LIMIT": rf"{_SCREEN}COMMAND LENGTH LIMIT from {_CLIENT}",
+    "COMMAND TIME LIMIT": rf"{_SCREEN}COMMAND TIME LIMIT from {_CLIENT}",
+}
+_VIOLATIONS = {kind: re.compile(pattern) for kind, pattern in VIOLATIONS.items()}
+_SMTPD_CONNECT = re.compile(r"/smtpd\[(?P<pid>\d+)\]: connect from \S*\[(?P<addr>[^\]]+)\]")
+_SMTPD_REFUSED = re.compile(r"/smtpd\[(?P<pid>\d+)\]: warning: Connection (concurrency|rate) limit")
+_SMTPD_DISCONNECT = re.compile(r"/smtpd\[(?P<pid>\d+)\]: disconnect from ")
+_SCREEN_CONNECT = re.compile(r"/postscreen\[\d+\]: CONNECT from \[(?P<addr>[^\]]+)\]:(?P<port>\d+)")
+_SCREEN_END = re.compile(
+    r"/postscreen\[\d+\]: (?:DISCONNECT|PASS NEW|PASS OLD) \[(?P<addr>[^\]]+)\]:(?P<port>\d+)"
+)
+#: master.cf for postscreen in front of smtpd (postscreen(8), "Configuring the postscreen
+#: service"); tlsproxy is among the common services already
+_POSTSCREEN_SERVICES = """\
+smtpd     pass  -       -       n       -       -       smtpd
+dnsblog   unix  -       -       n       -       0       dnsblog
+"""
 
 _RECEIVED_ID = re.compile(r"\bwith (?P<protocol>E?SMTPS?A?) id (?P<queue_id>[0-9A-Za-z]+)")
 
@@ -73,12 +114,18 @@ class PostfixMX(PostfixMSA):
         command_prefix: Sequence[str] = (),
         settings: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
+        postscreen: bool = False,
     ) -> None:
         """``users`` at every one of ``domains`` have a mailbox (others are refused at RCPT);
         ``listeners``: ``"HOST:PORT"`` -> EHLO keywords that listener hides (may be empty).
+        ``postscreen``: postscreen(8) answers on the listeners and hands the clients that
+        pass to smtpd (no keyword can be hidden then).
         """
         if not listeners:
             raise ValueError("an MX needs at least one listener")
+        if postscreen and any(listeners.values()):
+            raise ValueError("with postscreen, no listener can hide EHLO keywords")
+        self.postscreen = postscreen
         first_host, _, first_port = next(iter(listeners)).rpartition(":")
         smtpd_listeners = {
             address: [f"smtpd_discard_ehlo_keywords={','.join(hidden)}"] if hidden else []
@@ -130,6 +177,14 @@ class PostfixMX(PostfixMSA):
             **(settings or {}),
         }
 
+    def listener_lines(self) -> str:
+        if not self.postscreen:
+            return super().listener_lines()
+        screens = "".join(
+            f"{address} inet n - n - 1 postscreen\n" for address in self.smtpd_listeners
+        )
+        return screens + _POSTSCREEN_SERVICES
+
     def stored(self) -> list[StoredMessage]:
         """Every copy delivered so far (``new/`` and ``cur/`` of every maildir)."""
         found = []
@@ -157,9 +212,64 @@ class PostfixMX(PostfixMSA):
         return found
 
     def connections(self) -> int:
-        """SMTP connections smtpd has accepted so far (its ``connect from`` log lines)."""
+        """SMTP connections smtpd has accepted so far (its ``connect from`` log lines; with
+        anvil limits, those it refused at once too: ``served`` leaves them out)."""
         try:
             text = self.maillog.read_text(errors="replace")
         except OSError:
             return 0
         return len(re.findall(r"/smtpd\[\d+\]: connect from ", text))
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.maillog.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def violations(self, client: str | None = None) -> Counter[str]:
+        """What anvil and postscreen logged against ``client`` (any client: None), by kind
+        (``VIOLATIONS``)."""
+        found: Counter[str] = Counter()
+        for line in self.log_lines():
+            for kind, pattern in _VIOLATIONS.items():
+                match = pattern.search(line)
+                if match is not None and client in (None, match["addr"]):
+                    found[kind] += 1
+        return found
+
+    def served(self) -> int:
+        """SMTP sessions smtpd served: ``connect from`` lines less those anvil refused."""
+        lines = self.log_lines()
+        connects = sum(1 for line in lines if _SMTPD_CONNECT.search(line))
+        return connects - sum(1 for line in lines if _SMTPD_REFUSED.search(line))
+
+    def peak_connections(self, client: str | None = None) -> int:
+        """The most connections from ``client`` (every client: None) the MX served at
+        once, in log order: smtpd's sessions from ``connect from`` to ``disconnect from``,
+        less those anvil refused at once (a limit exceeded), and postscreen's from
+        ``CONNECT`` to its ``DISCONNECT`` or its hand-off (``PASS NEW``/``PASS OLD``, after
+        which smtpd logs the same connection)."""
+        lines = self.log_lines()
+        sessions: dict[str, int] = {}  # smtpd pid -> its current session (a line index)
+        refused: set[int] = set()
+        for index, line in enumerate(lines):
+            if (match := _SMTPD_CONNECT.search(line)) is not None:
+                sessions[match["pid"]] = index
+            elif (match := _SMTPD_REFUSED.search(line)) and match["pid"] in sessions:
+                refused.add(sessions[match["pid"]])
+        smtpd: set[str] = set()
+        screened: set[str] = set()
+        peak = 0
+        for index, line in enumerate(lines):
+            if (match := _SMTPD_CONNECT.search(line)) is not None:
+                if client in (None, match["addr"]) and index not in refused:
+                    smtpd.add(match["pid"])
+            elif (match := _SMTPD_DISCONNECT.search(line)) is not None:
+                smtpd.discard(match["pid"])
+            elif (match := _SCREEN_CONNECT.search(line)) is not None:
+                if client in (None, match["addr"]):
+                    screened.add(f"{match['addr']}:{match['port']}")
+            elif (match := _SCREEN_END.search(line)) is not None:
+                screened.discard(f"{match['addr']}:{match['port']}")
+            peak = max(peak, len(smtpd) + len(screened))
+        return peak

@@ -134,7 +134,8 @@ def test_ipv6_listen() -> None:
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.toml"
     good.write_text(FULL)
-    assert main(["check-config", str(good)]) == 0
+    # (its outbound_ip is not this host's: the file is checked as for another machine)
+    assert main(["check-config", "--no-host-checks", str(good)]) == 0
     assert "OK" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
     bad.write_text("workers = 0")

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.policy.deferrals import DeferralClass, classify, default_rules, respond
-from mailsluice.policy.learned import LearnedLimit, LimitRules
+from mailsluice.policy.learned import DialBackoff, LearnedLimit, LimitRules
 from mailsluice.smtp.replies import Reply
 
 pytestmark = pytest.mark.unit
@@ -78,6 +78,17 @@ def test_the_limit_stays_within_its_bounds_and_a_refusal_never_raises_it(
             DeferralClass.REPUTATION,
         ),
         ("4.2.2 mailbox full", DeferralClass.OTHER),
+        # Postfix 3.7's anvil refusals (smtpd.c), as a real one says them
+        ("4.7.1 Error: too much mail from 10.251.2.1", DeferralClass.RATE),
+        ("4.7.1 Error: too many recipients from 10.251.2.1", DeferralClass.RATE),
+        ("4.7.0 mx.example Error: too many new TLS sessions from 10.251.2.1", DeferralClass.RATE),
+        ("4.7.0 Error: too many new TLS sessions from 10.251.2.1", DeferralClass.RATE),
+        # Exim 4.96's smtp_accept_max_per_connection and smtp_accept_max_per_host
+        ("too many messages in this connection", DeferralClass.OTHER),
+        (
+            "Too many concurrent SMTP connections from this IP address; please try again later.",
+            DeferralClass.CAPACITY,
+        ),
         ("4.7.1 greylisted, try again in 5 minutes", DeferralClass.OTHER),
     ],
 )
@@ -110,3 +121,17 @@ def test_a_remembered_limit_is_kept_a_quiet_period_before_probing_again() -> Non
     for _ in range(3):
         fresh.accepted(in_use=3, now=1001.0)
     assert fresh.value == 4
+
+
+def test_the_dial_backoff_doubles_while_refusals_follow_and_starts_over_after_a_lull() -> None:
+    """Refusals with none of ours up (an MX's connection rate): 1 s, 2, 4 ... 60 s at
+    most while each comes soon after the last wait; a refusal long after starts at 1 s."""
+    backoff = DialBackoff()
+    now, waits = 0.0, []
+    for _ in range(9):
+        until = backoff.refused(now)
+        waits.append(until - now)
+        now = until + 0.01  # dialled again as soon as allowed, refused again
+    assert waits == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0])
+    assert backoff.refused(now + 200.0) == now + 201.0  # after a lull: 1 s again
+    assert backoff.refused(now + 200.5) == now + 201.0  # a dial of the same wave

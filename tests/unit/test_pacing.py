@@ -110,6 +110,17 @@ def test_a_suspension_lets_nothing_through_until_it_ends() -> None:
     assert pacing.suspended_for(31.0) == 0.0
 
 
+def test_a_hold_lets_nothing_through_until_it_ends_and_is_no_suspension() -> None:
+    pacing = Pacing()
+    pacing.hold(until=5.0)
+    assert pacing.allowance(1.0) == 0
+    assert pacing.ready_at(1.0) == 5.0  # the scheduler's timer fills the line then
+    assert pacing.suspended_for(1.0) == 0.0  # what asks waits; nothing is declined
+    pacing.hold(until=3.0)  # never shortened
+    assert pacing.ready_at(4.0) == 5.0
+    assert pacing.allowance(5.0) is None
+
+
 def test_a_deferrals_rate_holds_for_its_time_and_the_lower_rate_wins() -> None:
     pacing = Pacing(per_minute=60.0)  # configured: one a second
     pacing.slow(per_minute=6.0, until=100.0)  # a deferral: one every 10 s, for 100 s

@@ -538,6 +538,7 @@ def test_long_sessions_hand_over_transcript_lines_in_chunks() -> None:
         ev.TimerExpired(),
         ev.ShutdownRequested(),
         ev.ShutdownForced(),
+        ev.Aborted(),
         ev.InternalError("late"),
         ev.FilterDecided(None),
     ],

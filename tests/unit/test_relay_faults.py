@@ -460,6 +460,17 @@ def test_forced_shutdown_while_waiting_for_end_of_data_is_4xx() -> None:
     )
 
 
+def test_an_operator_abort_says_so_and_has_its_own_reason() -> None:
+    """``ctl abort``: the client is told it was the operator (not "shutting down"), the
+    MX gets no end of data, a late 250 is never passed on; the reason is its own."""
+    aborted = b"421 4.3.2 mailsluice Error: session aborted by the operator, try again later\r\n"
+    book = at(body) >> ev.Aborted() << to_c(aborted) << act.CloseServer() << act.CloseClient()
+    assert book
+    assert closing(book).reason == "aborted-by-operator"
+    after = at(after_dot) >> ev.Aborted() << to_c(aborted)
+    assert after << act.CloseServer() << act.CloseClient() >> s(b"250 late\r\n")
+
+
 # ----------------------------------------------------------------- the client goes away
 def test_client_closes_when_idle_says_quit_upstream() -> None:
     book = opened() >> ev.ClientClosed() << to_s(QUIT) << act.CloseServer() << act.CloseClient()

@@ -201,6 +201,44 @@ def test_a_deferrals_rate_slows_the_destination_for_its_seconds() -> None:
     assert _view(scheduler)["max_messages_per_minute"] is None
 
 
+def test_a_capacity_refusal_with_none_of_ours_up_waits_before_dialling_again() -> None:
+    """Postfix refuses a connection over its connection *rate* with the text of its count
+    limit ("too many connections from"). With none of ours up it cannot be the count: the
+    limit stays, the transaction waits in line (its tenant sees nothing) and no dial goes
+    before the backoff (1 s, then 2 s ...); dialling again at once hammered a real
+    Postfix 17,000 times in 40 s (tests/system/test_interop_mx.py)."""
+    scheduler, clock, orders = _scheduler(limit=3)
+    scheduler.ask(KEY, "a", 1)
+    assert orders == [Take(1, "a", 0)]
+    scheduler.up(KEY, "a", 101)
+    scheduler.refused(KEY, "a", 2, 101, True)  # ticket 2: ticket 1 back in line
+    scheduler.ask(KEY, "b", 3)
+    assert orders == [Take(1, "a", 0)]  # nothing dials now
+    clock.advance(1.0 + 2 * SLACK)
+    assert orders[1:] == [Take(2, "a", 0), Take(3, "b", 0)]
+    scheduler.refused(KEY, "a", 4, 102, True)
+    scheduler.refused(KEY, "b", 5, 103, True)
+    clock.advance(1.5)
+    assert len(orders) == 3  # refused again soon: the wait doubled
+    clock.advance(1.0)
+    assert orders[3:] == [Take(4, "a", 0), Take(5, "b", 0)]
+    view = _view(scheduler)
+    assert (view["limit"], view["capacity_refusals"]) == (3, 0)
+    assert view["deferrals"] == {"rate": 3}
+
+
+def test_a_capacity_refusal_with_ours_up_sets_the_limit_and_dials_when_a_slot_frees() -> None:
+    scheduler, _, orders = _scheduler(limit=3)
+    for ticket, conn in ((1, 101), (2, 102), (3, 103)):
+        scheduler.ask(KEY, "a", ticket)
+        scheduler.up(KEY, "a", conn)
+    scheduler.refused(KEY, "a", 4, 103, True)  # two of ours up: the MX's limit is 2
+    assert _view(scheduler)["limit"] == 2
+    scheduler.gone(KEY, "a", 101)
+    assert orders[-1] == Take(4, "a", 0)  # at once: the slot is free
+    assert _view(scheduler)["capacity_refusals"] == 1
+
+
 def test_latencies_and_recent_deferrals_are_in_the_view() -> None:
     scheduler, clock, _ = _scheduler()
     scheduler.latency(KEY, 0.010, 0.050)

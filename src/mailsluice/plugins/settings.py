@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from mailsluice.keyhints import TABLE_KEYS, hint
+
 __all__ = [
     "FILTER_TYPES",
     "FilterSpec",
@@ -123,8 +125,9 @@ def parse_filtering(table: object) -> FilteringSettings:
                 raise PluginConfigError(f"{name}: expected a directory path (a string)")
             values[key] = raw
         else:
+            said = hint(key, TABLE_KEYS["filtering"], "filtering")
             raise PluginConfigError(
-                f"{name}: unknown setting; known: timeout, on_failure, memory_limit, "
+                f"{name}: unknown setting{said}; known: timeout, on_failure, memory_limit, "
                 "spool_dir, keepalive"
             )
     return FilteringSettings(**{**_fields(base), **values})

@@ -6,12 +6,15 @@ A 4xx from an MX is one of four things, told apart by its text and enhanced code
   connections", Postfix's ``4.7.0 Error: too many connections from``): the learned
   limit drops to what was open (``learned``); the transaction waits for a slot again,
   and the tenant never sees it;
-* **rate**: too many messages or recipients for now ("rate limit", ``4.7.28``): the
-  destination is slowed down (2 connections for 5 minutes);
+* **rate**: too many messages or recipients for now ("rate limit", ``4.7.28``, Postfix's
+  anvil: "too much mail from", "too many recipients from", "too many new TLS sessions
+  from"): the destination is slowed down (2 connections for 5 minutes); a connection
+  refused for capacity while none of ours is up counts here too (``learned``);
 * **reputation**: our address is blocked or listed ("blocked", "listed", "Spamhaus",
   "poor reputation"): the destination is slowed down hard (1 connection for 15
   minutes); an operator decides more;
-* **other**: everything else (a full mailbox, a greylisting, a busy server...).
+* **other**: everything else (a full mailbox, a greylisting, a busy server, Exim's
+  "too many messages in this connection"...).
 
 The patterns below are the usual ones; ``[[deferral_rules]]`` in the configuration add
 more, each with the class it means and what to do for how long (``Rule``, ``Response``:
@@ -74,10 +77,18 @@ def default_rules() -> tuple[Rule, ...]:
     rate = DeferralClass.RATE
     reputation = DeferralClass.REPUTATION
     return (
-        _rule(r"too many (\w+ ){0,2}(connections|sessions)", capacity),
+        # Exim's smtp_accept_max_per_connection: not about the rate (a new connection
+        # takes more at once)
+        _rule(
+            r"too many (messages|mails|transactions) (in|per|on) (this|one|a) connection",
+            DeferralClass.OTHER,
+        ),
+        # not Postfix's "too many new TLS sessions" (its TLS session rate limit)
+        _rule(r"too many (?!new TLS)(\w+ ){0,2}(connections|sessions)", capacity),
         _rule(r"connection (count )?limit|max(imum)? (number of )?connections", capacity),
         _rule(
-            r"\b4\.7\.28\b|rate.?limit|too many (messages|mails|recipients)|throttl",
+            r"\b4\.7\.28\b|rate.?limit|too many (messages|mails|recipients|new TLS sessions)"
+            r"|too much mail|throttl",
             rate,
             Response(seconds=300.0, limit=2),
         ),

@@ -18,13 +18,24 @@ it one refusal at a time:
   operator configures one.
 
 A configured limit (``[[destinations]] max_connections``) is not learned: ``fixed``.
+
+A refusal "for capacity" while *none* of ours is up says nothing about how many
+connections the MX takes at once: it limits how fast we connect (Postfix's
+``smtpd_client_connection_rate_limit`` refusal has the very text of its count limit's,
+"421 4.7.0 host Error: too many connections from addr"), or it still counts
+connections we have closed. The limit stays; ``DialBackoff`` says how long no new
+connection may be dialled: 1 s, then twice as long for each refusal that follows the end
+of the last wait within as long again, at most 60 s (refusals of dials made before a wait
+began leave it as it is). Dialling again at once (as after a
+count refusal, when a slot is free) would hammer such an MX thousands of times a
+minute, each attempt refused and counted against us.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LearnedLimit", "LimitRules"]
+__all__ = ["DialBackoff", "LearnedLimit", "LimitRules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +97,29 @@ class LearnedLimit:
             self.value += 1
             self._credit = 0.0
         return self.value
+
+
+class DialBackoff:
+    """How long not to dial a destination after a refusal while none of ours was up
+    (see the module docstring)."""
+
+    __slots__ = ("_first", "_longest", "until", "wait")
+
+    def __init__(self, first: float = 1.0, longest: float = 60.0) -> None:
+        self._first = first
+        self._longest = longest
+        self.wait = 0.0  # the last wait
+        self.until = float("-inf")  # no dial before then
+
+    def refused(self, now: float) -> float:
+        """A refusal at ``now``: the time before which no new connection may be dialled.
+        During a wait (a dial of the same wave) it stays; soon after the wait ended (within
+        as long again) it doubles; else it starts over."""
+        if now < self.until:
+            return self.until
+        if self.wait and now <= self.until + self.wait:
+            self.wait = min(self._longest, self.wait * 2)
+        else:
+            self.wait = self._first
+        self.until = now + self.wait
+        return self.until

@@ -8,8 +8,10 @@ deferral's lower rate for a while, and a suspension.
   grants, and it never withholds one that is due.
 * ``Pacing``: what a destination's scheduler asks before a grant. The configured rate
   (``[[destinations]] max_messages_per_minute``), a deferral rule's ``rate`` for its
-  ``seconds`` (the lower of the two holds), and a deferral rule's ``suspend`` (no grant at
-  all until then). ``allowance`` says how many grants may go now (None: nothing paces the
+  ``seconds`` (the lower of the two holds), a deferral rule's ``suspend`` (no grant at
+  all until then), and a ``hold`` (no grant until then either, but what asks waits for
+  it: the dial backoff after an MX refused a connection while none of ours was up,
+  ``learned.DialBackoff``). ``allowance`` says how many grants may go now (None: nothing paces the
   destination); ``ready_at`` says when the next one may, so that the shell can set a
   timer and fill the waiting room again then.
 
@@ -74,13 +76,14 @@ class TokenBucket:
 class Pacing:
     """A destination's pace (see the module docstring)."""
 
-    __slots__ = ("_rate", "_slow", "_slow_until", "_suspended_until")
+    __slots__ = ("_held_until", "_rate", "_slow", "_slow_until", "_suspended_until")
 
     def __init__(self, per_minute: float | None = None) -> None:
         self._rate: TokenBucket | None = None
         self._slow: TokenBucket | None = None  # a deferral's rate ...
         self._slow_until = 0.0  # ... until then
         self._suspended_until = -math.inf
+        self._held_until = -math.inf
         self.set_rate(per_minute)
 
     def set_rate(self, per_minute: float | None) -> None:
@@ -100,10 +103,14 @@ class Pacing:
         """No grant before ``until`` (a later suspension extends it, never shortens)."""
         self._suspended_until = max(self._suspended_until, until)
 
+    def hold(self, until: float) -> None:
+        """No grant before ``until``; what asks meanwhile waits (unlike a suspension)."""
+        self._held_until = max(self._held_until, until)
+
     # ------------------------------------------------------------------ questions
     def allowance(self, now: float) -> int | None:
         """How many grants may go at ``now``; None when nothing paces the destination."""
-        if now < self._suspended_until - EPSILON:
+        if now < max(self._suspended_until, self._held_until) - EPSILON:
             return 0
         counts = [bucket.available(now) for bucket in self._buckets(now)]
         return min(counts) if counts else None
@@ -118,7 +125,7 @@ class Pacing:
         paces the destination)."""
         if self.allowance(now) != 0:
             return None
-        at = max(now, self._suspended_until)
+        at = max(now, self._suspended_until, self._held_until)
         if self._rate is not None:
             at = max(at, self._rate.ready_at(now))
         if self._slow is not None and now < self._slow_until:

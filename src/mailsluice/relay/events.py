@@ -127,6 +127,12 @@ class ShutdownForced:
 
 
 @dataclass(frozen=True, slots=True)
+class Aborted:
+    """The operator ended the session (``mailsluice ctl abort``): a 4xx now, as for a
+    forced shutdown, that says so; never after a 2xx the MX did not give."""
+
+
+@dataclass(frozen=True, slots=True)
 class InternalError:
     """The shell hit a bug of ours: end the session with a 4xx so the client retries."""
 
@@ -165,6 +171,7 @@ Event = (
     | TimerExpired
     | ShutdownRequested
     | ShutdownForced
+    | Aborted
     | InternalError
     | FilterDecided
 )

@@ -282,6 +282,8 @@ class Relay:
                 self._maybe_goodbye()
             case ev.ShutdownForced():
                 self.fail(rp.shutting_down(self._host), "shutdown")
+            case ev.Aborted():
+                self.fail(rp.aborted_by_operator(self._host), "aborted-by-operator")
             case ev.FilterDecided(reject, decided_by):
                 self._data.decided(reject, decided_by)
             case ev.InternalError(detail):

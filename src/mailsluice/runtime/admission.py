@@ -75,6 +75,11 @@ class Admission:
             return access.loop_refusal(host)
         return self.limits.acquire(client_ip, host)
 
+    def stranger(self, client_ip: str) -> Reply | None:
+        """``421 4.7.1`` for a client outside the allowed networks, whatever else is
+        wrong with its connection (no original destination to read); None: allowed."""
+        return None if self._allowed_client(client_ip) else access.denied(client_ip, self._host)
+
     def reconfigure(self, *, hostname: str, allowed: Sequence[Network]) -> None:
         """A reload: the new allow list decides for the next connections (the verdicts
         remembered are forgotten); the counts and the loop checks stay."""

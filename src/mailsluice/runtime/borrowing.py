@@ -137,10 +137,13 @@ class Borrowing:
                 destination.lost(hold)
             return
         if entry is not None:
-            self.probe = None
+            probe = self.probe
+            if probe is None or probe.conn != entry.hold.conn:  # (kept: the one we dialled,
+                self.probe = None  # handed back after a first contact's EHLO)
+                finish(self.destination, probe)
             self._feed(ev.ServerReused(self._mx.adopt(entry)))
             return
-        self.probe = DialProbe(time.time())
+        self.probe = DialProbe(time.time(), hold.conn)
         self._mx.hold = hold
         self._feed(ev.ServerGranted(self.hello_name))
         self._dial()

@@ -32,10 +32,12 @@ _FROM_MX = ("s>c", "s>p")  # a reply of the MX, relayed or taken by us
 class DialProbe:
     """The latencies of one new MX connection, from its dial."""
 
-    __slots__ = ("dialled_at", "greeting")
+    __slots__ = ("conn", "dialled_at", "greeting")
 
-    def __init__(self, dialled_at: float) -> None:
+    def __init__(self, dialled_at: float, conn: int | None = None) -> None:
         self.dialled_at = dialled_at
+        self.conn = conn  # the connection's number (its ``Hold``): a first contact's
+        # connection comes back to its session after EHLO, and is still this probe's
         self.greeting: float | None = None  # seconds to the MX's first bytes
 
     def greeted(self, at: float) -> None:

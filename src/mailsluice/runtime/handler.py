@@ -130,7 +130,7 @@ class ConnectionHandler:
             destination = services.route(sock)
         except OSError as exc:
             log.warning("cannot route %s: %s", format_address(peer), exc)
-            refusal = services.routing_failure(str(exc))
+            refusal = services.routing_failure(str(exc), peer[0])
         now = time.time()
         if refusal is None:
             refusal = services.admit(peer[0], destination, sock)
@@ -321,6 +321,10 @@ class ConnectionHandler:
 
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
+
+    def abort(self) -> None:
+        """The operator ends the session (``ctl abort``): 421, its own close reason."""
+        self._feed(ev.Aborted())
 
     def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
         """The transcript lines the relay holds, not yet in the log."""

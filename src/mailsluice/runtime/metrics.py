@@ -64,6 +64,7 @@ __all__ = ["PHASES", "SAMPLE_EVERY", "Metrics", "proxy_reason", "session_result"
 _RESULTS = frozenset(
     {
         "quit",
+        "aborted-by-operator",
         "client-closed",
         "client-timeout",
         "closed-by-proxy",
@@ -124,6 +125,8 @@ def session_result(reason: str) -> str:
 def proxy_reason(reply_text: str | None) -> str:
     """Why the proxy deferred a transaction itself, from its reply (bounded)."""
     match = _ENHANCED.match(reply_text or "")
+    if match and "aborted by the operator" in (reply_text or ""):  # (4.3.2, as shutting down)
+        return "aborted_by_operator"
     return _PROXY_REASONS.get(match.group(1), "other") if match else "other"
 
 

@@ -35,7 +35,7 @@ from functools import partial
 
 from mailsluice.policy.destrules import DestinationRule, Limits, domain_rule, select
 from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
-from mailsluice.policy.learned import LearnedLimit, LimitRules
+from mailsluice.policy.learned import DialBackoff, LearnedLimit, LimitRules
 from mailsluice.policy.pacing import Pacing
 from mailsluice.runtime.meters import Tally, TenantWaits
 from mailsluice.runtime.orders import (
@@ -100,6 +100,7 @@ class _Destination:
     suspended_by: str = ""  # the class of the deferral that suspended it
     timer: Cancellable | None = None  # the pace's next grant is due ...
     timer_at: float = 0.0  # ... then
+    backoff: DialBackoff = field(default_factory=DialBackoff)  # refused with none of ours up
     tally: Tally = field(default_factory=Tally)
 
 
@@ -261,8 +262,9 @@ class LocalScheduler:
     def refused(self, key: DestKey, tenant: str, ticket: int, conn: int, capacity: bool) -> None:
         """The new connection ``conn`` of a grant was refused before use (it still counts
         as busy). For capacity (the MX said so, or it refused while others of ours are
-        established: it cannot be down): its limit is what is open; the ticket goes back
-        in line, first. Otherwise: ``Failed``."""
+        established: it cannot be down): its limit is what is open, or, with none of ours
+        up, no dial for a while (``_dial_later``); the ticket goes back in line, first.
+        Otherwise: ``Failed``."""
         destination = self._get(key)
         destination.up.discard(conn)
         destination.busy.discard(conn)
@@ -271,6 +273,27 @@ class LocalScheduler:
             self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
             self.deliver(key, Failed(ticket))
             return
+        if others <= 0:  # "too many connections" with none of ours up: too many too fast
+            self._dial_later(key, destination)
+        else:
+            self._lower(key, destination, others)
+        self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
+        destination.asked[ticket] = self._clock()
+        self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
+
+    def _dial_later(self, key: DestKey, destination: _Destination) -> None:
+        """A refusal with none of ours up is the MX's connection rate (or connections it
+        still counts): the limit stays, no grant (every one would dial) before the
+        backoff (``learned.DialBackoff``); what waits waits."""
+        now = self._clock()
+        until = destination.backoff.refused(now)
+        destination.pacing.hold(until)
+        destination.tally.deferred("rate", now)
+        log.info("destination %s: refused with none of our connections up (too many too "
+                 "fast): no new connection for %.0f s", _text(key), until - now)  # fmt: skip
+
+    def _lower(self, key: DestKey, destination: _Destination, others: int) -> None:
+        """A capacity refusal with ``others`` of ours up: that is the MX's limit."""
         destination.tally.refusals += 1
         value = destination.limit.refused(others, self._clock())
         log.info("destination %s: refused with %d connections up; limit now %d",
@@ -278,9 +301,6 @@ class LocalScheduler:
         # the lower limit first: the slot freed next must not go to a dial over it
         effective = self._effective(destination, value)
         self._run(key, destination, self._share(destination).set_limit(effective))
-        self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
-        destination.asked[ticket] = self._clock()
-        self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
 
     def up(self, key: DestKey, tenant: str, conn: int) -> None:
         self._get(key).up.add(conn)

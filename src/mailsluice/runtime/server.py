@@ -148,6 +148,11 @@ class Proxy:
         reload_source: Callable[[], Settings] | None = None,
     ) -> None:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
+        # metrics (``admin_listen``): served here with one process, by the host's helper
+        # process with several (``runtime.admin.host``); a bad token file stops us here
+        self.admin = (
+            WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
+        )
         client_tls = clienttls.server_context(settings)  # and a bad certificate
         if chain is not None and not settings.relay.filtering:  # settings built in code
             relay = replace(
@@ -164,12 +169,7 @@ class Proxy:
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
         self._tls_state = state_path(settings.state_file, settings.log)
         mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
-        self._tls_results = self._tlsrpt if mx_tls.gate is not None else None
-        # metrics (``admin_listen``): served here with one process, by the host's helper
-        # process with several (``runtime.admin.host``)
-        self.admin = (
-            WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
-        )
+        self._tls_results = self._tlsrpt  # every session's result (``tlsrpt_count``)
         metrics = self.admin.metrics if self.admin is not None else None
         self.services = _services(
             settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics
@@ -253,15 +253,21 @@ class Proxy:
             self._source_names = self._group.create_task(self.services.sources.names.run())
         if self._tls_results is not None:
             self._reporting = self._group.create_task(self._tls_results.run())
-        log.info("listening on %s (%s)", self.listening_on, self._mode())
+        # (``serve`` says "listening on" once, on standard output: not here as well, or
+        # the journal, which takes both outputs, would have it twice)
         return self
 
     def drain(self) -> str:
         """Stop accepting and let the sessions finish (``POST /api/drain``): the
         shutdown's first part, without exiting (readiness turns 503; SIGTERM then exits)."""
-        if self._draining is None and self.services.admission.accepting and self._group:
-            self._draining = self._group.create_task(self.shutdown())
         open_now = len(self.services.connections)
+        if self._draining is None and self.services.admission.accepting and self._group:
+            log.warning(
+                "draining (ctl drain): not accepting new sessions; %d open, given %g s "
+                "(shutdown_grace) to finish; SIGTERM then stops the process",
+                open_now, self.settings.shutdown_grace,
+            )  # fmt: skip
+            self._draining = self._group.create_task(self.shutdown())
         return f"not accepting; {open_now} sessions finishing (shutdown_grace)"
 
     async def _api_reload(self) -> tuple[int, dict[str, object]]:
@@ -416,8 +422,8 @@ class Proxy:
         return True
 
     def _report_tls(self, mx_tls: MxTls) -> None:
-        """TLS report counts written to disk once some policy checks (maybe only now)."""
-        if mx_tls.gate is None or self._tlsrpt is None or self._reporting is not None:
+        """TLS report counts written to disk (``tlsrpt`` on: maybe only now)."""
+        if mx_tls.results is None or self._tlsrpt is None or self._reporting is not None:
             return
         if self._group is not None:
             self._tls_results = self._tlsrpt

@@ -45,7 +45,9 @@ from mailsluice.runtime.suspensions import Suspensions
 from mailsluice.runtime.tls import ChainVerifier, client_context
 from mailsluice.runtime.tlsmx import MxTls
 from mailsluice.runtime.tlsresume import Resumption
+from mailsluice.runtime.tlsrpt_count import TlsRptCounter
 from mailsluice.runtime.upstreampool import UpstreamPool
+from mailsluice.runtime.verbose import verbose_tee
 from mailsluice.sessionlog import LogWriter
 from mailsluice.smtp.replies import Reply
 
@@ -61,6 +63,8 @@ class Registered(Protocol):
     """A live connection as the registry sees it."""
 
     def shutdown(self, forced: bool) -> None: ...
+
+    def abort(self) -> None: ...
 
     def live(self) -> dict[str, object] | None: ...
 
@@ -96,7 +100,7 @@ class ConnectionServices(Protocol):
 
     def route(self, sock: socket.socket | None) -> tuple[str, int]: ...
 
-    def routing_failure(self, detail: str) -> Reply: ...
+    def routing_failure(self, detail: str, client_ip: str = "") -> Reply: ...
 
     def admit(
         self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
@@ -135,6 +139,18 @@ def _relay_config(settings: Settings, mx_tls: MxTls) -> RelayConfig:
     )  # fmt: skip
 
 
+def _submitter(
+    settings: Settings, log_writer: LogWriter, metrics: Metrics | None, mx_tls: MxTls
+) -> Callable[[Record], None]:
+    """Where the relay's records go: the log writer, the metrics, the TLS report counts
+    the per-domain check does not make (``tlsrpt_count``), ``-v``'s lines."""
+    submit = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
+    if mx_tls.results is not None:
+        counter = TlsRptCounter(mx_tls.results, mx_tls.policies, checked=mx_tls.gate is not None)
+        submit = counter.tee(submit)
+    return verbose_tee(submit) if settings.verbose else submit
+
+
 class _Registry:
     """The live connections, shared by every generation."""
 
@@ -165,11 +181,10 @@ class Services:
         self.client_tls_context = client_tls_context
         self.log_writer = log_writer
         self.metrics = metrics
-        submit = log_writer.submit
-        self.submit_record = submit if metrics is None else metrics.tee(submit)
         self.admission = admission
         fair = settings.fair
         self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
+        self.submit_record = _submitter(settings, log_writer, metrics, self.mx_tls)
         self.relay_config = _relay_config(settings, self.mx_tls)
         self.destinations: Destinations | None = None
         if fair.enabled:
@@ -213,8 +228,8 @@ class Services:
         new = copy.copy(self)
         new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
         new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
-        metrics = self.metrics  # the records go to this generation's writer (and counted)
-        new.submit_record = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
+        # the records go to this generation's writer (and counted, and said with -v)
+        new.submit_record = _submitter(settings, log_writer, self.metrics, mx_tls)
         new.relay_config = _relay_config(settings, mx_tls)
         new._mine, new.drained = set(), None
         return new
@@ -264,7 +279,12 @@ class Services:
             raise OSError("no socket to read the original destination from")
         return original_destination(sock)
 
-    def routing_failure(self, detail: str) -> Reply:
+    def routing_failure(self, detail: str, client_ip: str = "") -> Reply:
+        """The reply when the original destination cannot be read: a client outside
+        ``allow`` is refused as such (4.7.1, as documented), the others 4.3.5."""
+        refused = self.admission.stranger(client_ip) if client_ip else None
+        if refused is not None:
+            return refused
         host = self.settings.relay.hostname
         return Reply.make(421, "4.3.5", f"{host} Error: cannot find the original destination")
 

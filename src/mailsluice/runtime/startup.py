@@ -6,7 +6,15 @@ What can be known at start is refused (``ConfigError``, naming the setting and t
 
 * ``outbound_ip`` that no interface of this host has (a socket cannot be bound to it);
 * ``outbound_ip`` of the other address family than a fixed ``upstream``;
-* an ``upstream`` host name that does not resolve (the resolver says so for certain).
+* an ``upstream`` host name that does not resolve (the resolver says so for certain);
+* an ``admin_token_file`` that cannot be read or holds no token;
+* a ``log``, ``log_sinks`` file or ``state_file`` in a directory that does not exist (a
+  place that is set is used as it is: it is never created, the default place aside).
+
+``serve`` runs them before it writes anything (the self-signed certificate, the log), and
+``check-config`` runs the same; ``host=False`` (``check-config --no-host-checks``, for a
+file checked on another machine) skips those that ask this host: its addresses, its
+resolver, its files.
 
 What cannot be known for certain comes back as warnings, to be said once at start: a
 name the resolver cannot look up right now (it may work later), and an ``outbound_ip``
@@ -20,10 +28,12 @@ import errno
 import ipaddress
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mailsluice.config import ConfigError, HostPort, Settings
 from mailsluice.runtime.localaddrs import LocalAddressError, interface_addresses
+from mailsluice.sessionlog.codec import SessionLogError, parse_log_url
 
 Resolver = Callable[..., list[tuple[Any, ...]]]
 
@@ -39,8 +49,14 @@ _NOT_NOW = frozenset(
 )
 
 
-def check(settings: Settings, resolve: Resolver = socket.getaddrinfo) -> list[str]:
-    """Raise ``ConfigError`` for a setting that would fail every session; return warnings."""
+def check(
+    settings: Settings, resolve: Resolver = socket.getaddrinfo, *, host: bool = True
+) -> list[str]:
+    """Raise ``ConfigError`` for a setting that would fail every session; return warnings.
+    ``host``: also the checks that ask this host (see the module docstring)."""
+    _check_sender_rules(settings)
+    if not host:
+        return []
     warnings: list[str] = []
     upstream_families: set[int] = set()
     if settings.upstream is not None:
@@ -60,20 +76,56 @@ def check(settings: Settings, resolve: Resolver = socket.getaddrinfo) -> list[st
         if settings.upstream is None:
             warnings += _family_warnings(settings, source, family)
     _check_sources(settings)
+    _check_places(settings)
+    _check_token(settings)
     return warnings
 
 
-def _check_sources(settings: Settings) -> None:
-    """Every ``[[source_addresses]]`` address can be bound; a sender rule needs fair
-    sharing (``--no-fair-sharing`` may have turned it off after the file was read)."""
-    sources = settings.sources
-    if sources.by_sender and not settings.fair.enabled:
+def _check_sender_rules(settings: Settings) -> None:
+    """A sender rule needs fair sharing (``--no-fair-sharing`` may have turned it off
+    after the file was read)."""
+    if settings.sources.by_sender and not settings.fair.enabled:
         raise ConfigError(
             "source_rules: a rule by sender_domain needs fair sharing (the sender is known "
             "only at MAIL; without it the MX connection is made when the client connects): "
             "drop --no-fair-sharing, or choose by tenant, client or destination"
         )
-    for address in sources.addresses():
+
+
+def _check_places(settings: Settings) -> None:
+    """The directories of the files that are set exist: they are used as they are."""
+    places: list[tuple[str, Path]] = []
+    for key, url in (("log", settings.log), *(("log_sinks", u) for u in settings.log_sinks)):
+        try:
+            path = parse_log_url(url).path if url else None
+        except SessionLogError:
+            continue  # (the configuration's own checks name it)
+        if path is not None:
+            places.append((key, path))
+    if settings.state_file:
+        places.append(("state_file", Path(settings.state_file)))
+    for key, path in places:
+        parent = path.parent
+        if not parent.is_dir():
+            raise ConfigError(
+                f"{key}: the directory {parent} of {path} does not exist, and a place that "
+                f"is set is used as it is, never created: create it for the service's user "
+                f"(install -d -o mailsluice -m 750 {parent}), or set {key} to a file in an "
+                "existing directory"
+            )
+
+
+def _check_token(settings: Settings) -> None:
+    """``admin_token_file`` is read as the admin server will read it."""
+    if settings.admin_listen is not None:
+        from mailsluice.runtime.admin.host import read_token
+
+        read_token(settings)
+
+
+def _check_sources(settings: Settings) -> None:
+    """Every ``[[source_addresses]]`` address can be bound."""
+    for address in settings.sources.addresses():
         source = ipaddress.ip_address(address)
         family = socket.AF_INET6 if source.version == 6 else socket.AF_INET
         _check_bindable(source, family, key="source_addresses")

@@ -26,17 +26,18 @@ The text says who and until when: ``tenant shop suspended by the operator until
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["KINDS", "FILE_NAME", "Suspension", "SuspensionError", "Suspensions"]
+__all__ = ["KINDS", "FILE_NAME", "Suspension", "SuspensionError", "Suspensions", "Targets"]
 
 log = logging.getLogger("mailsluice.suspensions")
 
@@ -98,6 +99,89 @@ def destination_matches(name: str, host: str, port: int) -> bool:
         only, _, wanted = name.partition(":")
         return only == _plain(host) and wanted == str(port)
     return _plain(name) == _plain(host)
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What a suspension may name: the ``[[tenants]]`` groups (and which group a client
+    address is in), this proxy's source addresses (``outbound_ip``, ``[[source_addresses]]``)."""
+
+    groups: tuple[str, ...] = ()
+    tenant_of: Callable[[str], str] = field(default=lambda ip: ip)
+    sources: tuple[str, ...] = ()
+
+    def name(self, kind: object, name: object) -> str:
+        """``name`` as a suspension of ``kind`` keeps it (an address in its canonical
+        form); ``SuspensionError`` when it would match nothing, saying what exists."""
+        text = _clean(name, "name")
+        if kind == "tenant":
+            return self._tenant(text)
+        if kind == "destination":
+            return _destination(text)
+        if kind == "source":
+            return self._source(text)
+        return text  # (the kind is refused by ``add``)
+
+    def _tenant(self, text: str) -> str:
+        if text in self.groups:
+            return text
+        groups = ", ".join(sorted(self.groups)) or "none configured"
+        try:
+            address = str(ipaddress.ip_address(text.strip("[]")))
+        except ValueError:
+            raise SuspensionError(
+                f"tenant {text}: no [[tenants]] group has this name ({groups}), and it is "
+                "not a client address either; give a group's name or a client's address"
+            ) from None
+        group = self.tenant_of(address)
+        if group != address:
+            raise SuspensionError(
+                f"tenant {text}: this client is in the [[tenants]] group {group}, which its "
+                f"sessions count as: suspend the group (tenant {group})"
+            )
+        return address
+
+    def _source(self, text: str) -> str:
+        try:
+            address = str(ipaddress.ip_address(text.strip("[]")))
+        except ValueError:
+            address = text
+        if address in self.sources:
+            return address
+        if not self.sources:
+            raise SuspensionError(
+                f"source {text}: this proxy has no source address of its own (outbound_ip "
+                "and [[source_addresses]] are unset: the kernel chooses), so there is "
+                "nothing to suspend; suspend a tenant or a destination instead"
+            )
+        raise SuspensionError(
+            f"source {text}: not one of this proxy's source addresses "
+            f"({', '.join(self.sources)}: outbound_ip, [[source_addresses]])"
+        )
+
+
+def _destination(text: str) -> str:
+    """An MX address, with or without a port: ``192.0.2.7``, ``192.0.2.7:25``,
+    ``2001:db8::7``, ``[2001:db8::7]:25``."""
+    host, port = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":") if rest.startswith(":") else ("x" if rest else "")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is None or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise SuspensionError(
+            f"destination {text}: an MX address is needed, with or without its port: "
+            "192.0.2.7, 192.0.2.7:25, 2001:db8::7 or [2001:db8::7]:25 (mailsluice "
+            "destinations and mailsluice ctl sessions show those in use)"
+        )
+    if not port:
+        return str(address)
+    return f"[{address}]:{int(port)}" if address.version == 6 else f"{address}:{int(port)}"
 
 
 class Suspensions:
@@ -170,10 +254,20 @@ class Suspensions:
         return {_plain(s.name): s.until for s in self.active() if s.kind == "source"}
 
     # ------------------------------------------------------------ changing
-    def add(self, kind: object, name: object, seconds: object, reason: object) -> Suspension:
-        """A new suspension (``SuspensionError`` says what is wrong with the request)."""
+    def add(
+        self,
+        kind: object,
+        name: object,
+        seconds: object,
+        reason: object,
+        targets: Targets | None = None,
+    ) -> Suspension:
+        """A new suspension (``SuspensionError`` says what is wrong with the request).
+        ``targets``: what exists to suspend (a name that would match nothing is refused)."""
         if kind not in KINDS:
             raise SuspensionError(f"kind: one of {', '.join(KINDS)}")
+        if targets is not None:
+            name = targets.name(kind, name)
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise SuspensionError("seconds: a number of seconds is needed")
         if not 0 < seconds <= MAX_SECONDS:

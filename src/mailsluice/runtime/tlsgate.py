@@ -83,9 +83,7 @@ class TlsGate:
         verdict = self._check(policy, facts, self._anchors, now)
         if self.observe is not None:
             self.observe(policy, verdict)
-        if self._results is not None and (
-            policy.level.needs_tls or policy.report_type != "no-policy-found"
-        ):
+        if self._results is not None:  # every check, no-policy-found ones included
             try:
                 self._results.record(policy, verdict, sending_ip=sending_ip,
                                      mx_host=policy.mx_host, mx_ip=mx_ip, now=now)  # fmt: skip

@@ -45,6 +45,7 @@ class MxTls:
         results: ResultLog | None = None,
     ) -> None:
         self._settings = settings
+        self.results = results  # the TLS report's counts (None: not kept)
         discovery = settings.resolver is not None and (settings.dane or settings.mta_sts)
         self.policies = TlsPolicyService(
             settings, sts=sts if discovery else None, dns=None if discovery else NoDns()

@@ -154,6 +154,13 @@ class TlsPolicyService:
         self._learn(mx_ip, policy)
         return policy
 
+    def required_policies(self, mx_ip: str) -> list[Policy]:
+        """The policies of the domains this address serves that require TLS there (the
+        ones that made ``requires_tls`` true), for the TLS report of a refusal."""
+        domains = self._needs_tls.get(mx_ip, {})
+        found = [self._policies.get((domain, mx_ip)) for domain, needs in domains.items() if needs]
+        return [entry[1] for entry in found if entry is not None]
+
     def name_for(self, mx_ip: str) -> str | None:
         """The MX host name last learned for this address (for SNI), if any."""
         return self._names.get(mx_ip)

@@ -69,13 +69,15 @@ class _Scan:
     lines: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
 
 
-def _scan(path: Path, *, prefix: str | None) -> _Scan:
+def _scan(path: Path, *, prefix: str | None, suffix: bool = False) -> _Scan:
     """One pass over the files; with ``prefix``, only the sessions whose id starts with
-    it, their transcript lines included."""
+    it (``suffix``: ends with it), their transcript lines included."""
     found = _Scan()
     for obj in read_objects(path, skip_transcript=prefix is None):
         sid = obj.get("session_id")
-        if not isinstance(sid, str) or (prefix is not None and not sid.startswith(prefix)):
+        if not isinstance(sid, str) or (
+            prefix is not None and not (sid.endswith(prefix) if suffix else sid.startswith(prefix))
+        ):
             continue
         kind = obj["type"]
         if kind == TYPE_TRANSCRIPT:
@@ -147,6 +149,9 @@ def session_with_transcript(path: Path, prefix: str) -> tuple[dict[str, Any], li
     """The session an id (or unique prefix) names, and its transcript."""
     scan = _scan(path, prefix=prefix)
     ids = set(scan.rows) | set(scan.lines)
+    if not ids:  # the end of an id: its number (a process's ids share their start)
+        scan = _scan(path, prefix=prefix, suffix=True)
+        ids = set(scan.rows) | set(scan.lines)
     sid = prefix if prefix in ids else choose_session(prefix, ids, path)
     txns = [(seq, t[0], t[1]) for seq, t in scan.txns.get(sid, {}).items()]
     session = session_dict(sid, scan.rows.get(sid, {}), txns)

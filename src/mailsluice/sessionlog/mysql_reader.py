@@ -187,4 +187,13 @@ def _resolve(conn: Connection, prefix: str, shown: str) -> str:
             [exact + "%"],
         )
         candidates.update(row["id"] for row in rows)
+    if not candidates:  # the end of an id: its number (a process's ids share their start)
+        for table, column in tables:
+            rows = _fetch(
+                conn,
+                f"SELECT DISTINCT {column} AS id FROM {table} WHERE {column} LIKE %s "
+                f"ESCAPE '!' LIMIT {AMBIGUOUS_SHOWN + 1}",
+                ["%" + exact],
+            )
+            candidates.update(row["id"] for row in rows if str(row["id"]).endswith(prefix))
     return choose_session(prefix, candidates, shown)

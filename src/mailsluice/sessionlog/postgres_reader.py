@@ -158,4 +158,13 @@ async def _resolve(conn: Connection, prefix: str, shown: str) -> str:
             high,
         )
         candidates.update(row[0] for row in rows)
+    if not candidates:  # the end of an id: its number (a process's ids share their start)
+        for table, column in tables:
+            rows = await conn.fetch(
+                f"SELECT DISTINCT {column} FROM {table} WHERE right({column}, $2) = $1 "
+                f"LIMIT {AMBIGUOUS_SHOWN + 1}",
+                prefix,
+                len(prefix),
+            )
+            candidates.update(row[0] for row in rows)
     return choose_session(prefix, candidates, shown)

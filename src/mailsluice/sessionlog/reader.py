@@ -3,10 +3,10 @@
 ``list_sessions`` gives one dict per session (:mod:`rows` lists the keys), newest
 first, optionally filtered (:class:`~mailsluice.sessionlog.query.SessionFilter`);
 ``transcript`` the lines of one session in order. A session may be named by a
-unique prefix of its id. This module picks the reader for the log URL:
-:mod:`sqlite_reader`, :mod:`jsonl_reader`, :mod:`postgres_reader`,
-:mod:`mysql_reader` (these two are imported only when used: they need their
-drivers). Every failure is a
+unique prefix of its id or, when no id starts so, its end (its number: a process's ids
+share their first 12 characters). This module picks the reader for the log URL:
+:mod:`sqlite_reader`, :mod:`jsonl_reader`, :mod:`postgres_reader`, :mod:`mysql_reader`
+(these two are imported only when used: they need their drivers). Every failure is a
 :class:`~mailsluice.sessionlog.codec.LogReadError` whose message names the log and
 the fix.
 """

@@ -108,6 +108,6 @@ def choose_session(prefix: str, candidates: Iterable[str], shown: object) -> str
     named = ", ".join(ordered[:AMBIGUOUS_SHOWN])
     more = ", ..." if len(ordered) > AMBIGUOUS_SHOWN else ""
     raise SessionNotFound(
-        f"session id prefix {prefix!r} is ambiguous in {shown}: it matches {named}{more}; "
+        f"session id {prefix!r} is ambiguous in {shown}: it matches {named}{more}; "
         "give more characters"
     )

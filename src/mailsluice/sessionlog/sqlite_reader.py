@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from mailsluice.sessionlog.codec import LogReadError
 from mailsluice.sessionlog.query import SessionFilter
-from mailsluice.sessionlog.query_sql import SQLITE, select_sessions
+from mailsluice.sessionlog.query_sql import SQLITE, like_pattern, select_sessions
 from mailsluice.sessionlog.rows import (
     AMBIGUOUS_SHOWN,
     Txn,
@@ -89,6 +89,14 @@ def _resolve(conn: sqlite3.Connection, prefix: str, shown: object) -> str:
             (prefix, high),
         )
         candidates.update(row[0] for row in rows)
+    if not candidates:  # the end of an id: its number (a process's ids share their start)
+        for table, column in (("sessions", "id"), ("transcript", "session_id")):
+            rows = conn.execute(
+                f"SELECT DISTINCT {column} FROM {table} WHERE {column} LIKE ? ESCAPE '!' "
+                f"LIMIT {AMBIGUOUS_SHOWN + 1}",
+                ("%" + like_pattern(prefix),),
+            )
+            candidates.update(row[0] for row in rows if row[0].endswith(prefix))
     return choose_session(prefix, candidates, shown)
 
 

@@ -163,6 +163,13 @@ def shutting_down(hostname: str) -> Reply:
     return Reply.make(421, "4.3.2", f"{hostname} Service shutting down, try again later")
 
 
+def aborted_by_operator(hostname: str) -> Reply:
+    """The operator ended the session (the admin API): the client retries later."""
+    return Reply.make(
+        421, "4.3.2", f"{hostname} Error: session aborted by the operator, try again later"
+    )
+
+
 def timeout_after_dot(hostname: str) -> Reply:
     """No reply to end-of-data in time: 4xx (the message may have been delivered)."""
     return Reply.make(451, "4.4.2", f"{hostname} Error: timeout waiting for the destination")

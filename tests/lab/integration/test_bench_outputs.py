@@ -284,3 +284,28 @@ def test_plots_of_an_empty_run_write_nothing(tmp_path: Path) -> None:
     assert plots.plot_fairness(tmp_path, empty) == []
     assert plots.plot_resources(tmp_path, tmp_path / "absent.csv", empty) == []
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_an_unfinished_run_is_plotted_as_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run cut off at 40 s whose tenant 3 got 4 of 10 (and tenant 4 nothing): their
+    legend says so, not "done at ...", and the axis and their curves reach the cut-off
+    (issue 23: the legend said "done at 5.0 s" and the axis stopped there)."""
+    rows = [r for r in fairness_rows() if r.variant == "mailsluice"]
+    rows = [r for r in rows if r.tenant != "3" or r.received_at <= T0 + 8.0]  # 4 of tenant 3
+    figures: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    cuts = {"mailsluice": (40.0, {"1": 10, "2": 10, "3": 10, "4": 10})}
+    plots.plot_fairness(tmp_path, _deliveries_csv(tmp_path / "d.csv", rows), cuts=cuts)
+    [figure] = figures
+    [ax] = [a for a in figure.axes if a.get_visible()]
+    legend = ax.get_legend()
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == ["tenant 1: done at 10.0 s", "tenant 2: done at 15.0 s",
+                      "tenant 3: 4/10 at the cut-off", "tenant 4: 0/10 at the cut-off"]  # fmt: skip
+    assert legend.get_title().get_text() == "did not finish: cut off at 40 s"
+    assert ax.get_xlim()[1] >= 40.0
+    drawn = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+    assert ([8.0, 40.0], [4, 4]) in drawn  # tenant 3 drawn on, flat, to the cut-off
+    assert ([0.0, 40.0], [0, 0]) in drawn  # tenant 4, nothing at all

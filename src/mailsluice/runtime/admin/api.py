@@ -22,9 +22,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from mailsluice.runtime.admin.collect import SchedulerView
+from mailsluice.runtime.admin.history import History
 from mailsluice.runtime.admin.http import Request, Response, Router
 from mailsluice.runtime.admin.live import valid_session_id
-from mailsluice.runtime.suspensions import SuspensionError, Suspensions
+from mailsluice.runtime.suspensions import SuspensionError, Suspensions, Targets
 
 __all__ = ["ApiContext", "add_api"]
 
@@ -41,13 +42,16 @@ class ApiContext:
     abort: Callable[[str], Awaitable[bool]]
     scheduler: SchedulerView | None = None
     drain: Callable[[], str] | None = None
+    draining: Callable[[], bool] = lambda: False  # not accepting new sessions any more
     reload: Callable[[], Awaitable[tuple[int, dict[str, object]]]] | None = None
     # a live session of this process and its lines not yet in the log (``live``)
     held: Callable[[str], tuple[dict[str, object], list[dict[str, object]]] | None] | None = None
     log_url: str | None = None
     weights: dict[str, float] = field(default_factory=dict)  # [[tenants]] groups
+    targets: Targets | None = None  # what a suspension may name (None: anything)
     workers: int = 1
     started: float = field(default_factory=time.time)
+    history: History | None = None  # the last 15 minutes' totals (``history``)
 
 
 def json_response(status: int, value: object) -> Response:
@@ -79,6 +83,17 @@ def _counter_totals(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
     return out
 
 
+def chart_totals(registry: CollectorRegistry) -> tuple[float, float]:
+    """What the dashboard's chart draws, cumulative: messages delivered, and deferrals
+    (the transactions deferred, by the MX or by us, and every 4xx of an MX)."""
+    totals = _counter_totals(registry)
+    outcomes = totals["mailsluice_transactions"]
+    deferred = sum(v for k, v in outcomes.items() if k.startswith("deferred"))
+    return outcomes.get("delivered", 0.0), deferred + sum(
+        totals["mailsluice_mx_deferrals"].values()
+    )
+
+
 def add_api(router: Router, ctx: ApiContext) -> Router:
     """Add the JSON API's routes to ``router``."""
 
@@ -91,6 +106,7 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
             "uptime_s": round(time.time() - ctx.started, 1),
             "workers": ctx.workers,
             "fair_sharing": ctx.scheduler is not None,
+            "draining": ctx.draining(),
             "sessions_in_flight": len(sessions),
             "transactions": outcomes,
             "delivered": outcomes.get("delivered", 0.0),
@@ -103,12 +119,19 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
     async def sessions(request: Request) -> Response:
         return json_response(200, {"sessions": ctx.sessions()})
 
+    async def history(request: Request) -> Response:
+        if ctx.history is None:
+            return json_response(200, {"step_s": 0, "span_s": 0, "samples": []})
+        return json_response(200, ctx.history.as_json())
+
     async def abort(request: Request) -> Response:
         ident = request.params.get("id", "")
         if not valid_session_id(ident):
-            return _error(400, f"{ident!r} is not a session id (see GET /api/sessions)")
+            return _error(400, f"{ident!r} is not a session id (mailsluice ctl sessions "
+                          "lists them)")  # fmt: skip
         if not await ctx.abort(ident):
-            return _error(404, f"no live session {ident} (it may have ended)")
+            return _error(404, f"no live session {ident} (it may have ended; mailsluice "
+                          "ctl sessions lists those open)")  # fmt: skip
         return json_response(200, {"aborted": ident})
 
     async def transcript(request: Request) -> Response:
@@ -199,8 +222,9 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         try:
             # (on the loop: a small file, and the suspensions are read on the loop too)
             made = ctx.suspensions.add(
-                body.get("kind"), body.get("name"), body.get("seconds"), body.get("reason", "")
-            )
+                body.get("kind"), body.get("name"), body.get("seconds"), body.get("reason", ""),
+                ctx.targets,
+            )  # fmt: skip
         except SuspensionError as exc:
             return _error(400, str(exc))
         except OSError as exc:
@@ -214,7 +238,8 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
         except OSError as exc:
             return _error(500, f"cannot write the suspensions file: {exc}")
         if ended is None:
-            return _error(404, f"no suspension {ident} (GET /api/suspensions lists them)")
+            return _error(404, f"no suspension {ident} (mailsluice ctl suspensions lists "
+                          "them)")  # fmt: skip
         return json_response(200, {"resumed": ended.as_json(time.time())})
 
     async def drain(request: Request) -> Response:
@@ -234,6 +259,7 @@ def add_api(router: Router, ctx: ApiContext) -> Router:
 
     router.add("GET", "/api/overview", overview)
     router.add("GET", "/api/sessions", sessions)
+    router.add("GET", "/api/history", history)
     router.add("POST", "/api/sessions/{id}/abort", abort)
     router.add("GET", "/api/sessions/{id}/transcript", transcript)
     router.add("GET", "/api/recent", recent)

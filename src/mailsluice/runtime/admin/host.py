@@ -33,15 +33,16 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from mailsluice.config import ConfigError, Settings, check_admin
 from mailsluice.runtime.admin import live, multiproc
-from mailsluice.runtime.admin.api import ApiContext, add_api
+from mailsluice.runtime.admin.api import ApiContext, add_api, chart_totals
 from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
 from mailsluice.runtime.admin.dashboard import add_dashboard
+from mailsluice.runtime.admin.history import History
 from mailsluice.runtime.admin.http import AdminServer, Router
 from mailsluice.runtime.admin.routes import Readiness, add_routes
 from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.statefile import state_path
-from mailsluice.runtime.suspensions import Suspensions
+from mailsluice.runtime.suspensions import Suspensions, Targets
 
 __all__ = [
     "SupervisorMetrics",
@@ -65,7 +66,12 @@ def read_token(settings: Settings) -> str | None:
     try:
         token = Path(name).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"admin_token_file: cannot read {name}: {exc}") from None
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            f"admin_token_file: cannot read {name} ({why}): write a token there, readable "
+            f"by the service's user (openssl rand -hex 32 > {name}), or leave "
+            "admin_token_file out (admin_listen on a loopback address only)"
+        ) from None
     if not token or any(c.isspace() for c in token):
         raise ConfigError(
             f"admin_token_file: {name} must hold one token (no spaces), e.g. "
@@ -90,6 +96,16 @@ def _groups(settings: Settings) -> frozenset[str]:
     return frozenset(group.name for group in settings.fair.tenants)
 
 
+def targets_of(settings: Settings) -> Targets:
+    """What a suspension may name: the tenant groups, this proxy's source addresses."""
+    fair = settings.fair
+    sources = settings.sources.addresses()
+    if settings.outbound_ip and settings.outbound_ip not in sources:
+        sources = (settings.outbound_ip, *sources)
+    groups = tuple(group.name for group in fair.tenants)
+    return Targets(groups=groups, tenant_of=fair.tenant_of, sources=sources)
+
+
 def suspensions_of(settings: Settings) -> Suspensions:
     """The suspensions kept beside the state file (every process reads the same)."""
     return Suspensions.beside(state_path(settings.state_file, settings.log))
@@ -109,6 +125,8 @@ class WorkerMetrics:
         self.server: AdminServer | None = None
         self._services: Services | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self._history: History | None = None  # the dashboard's chart, kept here (one process)
+        self._charting: asyncio.Task[None] | None = None
 
     def renewed(self, services: Services) -> None:
         """A generation of the services (at start, and after each reload): its TLS
@@ -145,16 +163,21 @@ class WorkerMetrics:
             async def abort(session_id: str) -> bool:
                 return live.abort_session(connections, session_id)
 
+            registry = self.registry
+            self._history = History(lambda: chart_totals(registry))
             context = ApiContext(
                 suspensions=services.suspensions, registry=self.registry,
                 sessions=lambda: live.live_sessions(connections, time.time()),
                 abort=abort, scheduler=local, drain=drain, reload=reload,
+                draining=lambda: not ready(),
                 held=lambda session_id: live.held_transcript(connections, session_id),
                 log_url=self._settings.log,
-                weights=self._settings.fair.weights(),
+                weights=self._settings.fair.weights(), targets=targets_of(self._settings),
+                history=self._history,
             )  # fmt: skip
             add_dashboard(add_api(router, context))
             self.server = await _start_server(self._settings, router, self._token)
+            self._charting = group.create_task(self._history.run())
         self._sampler = group.create_task(self._sample_forever())
 
     def sample(self) -> None:
@@ -182,6 +205,9 @@ class WorkerMetrics:
         if self._sampler is not None:
             self._sampler.cancel()
             self._sampler = None
+        if self._charting is not None:
+            self._charting.cancel()
+            self._charting = None
         if self.server is not None:
             await self.server.close()
             self.server = None
@@ -226,7 +252,17 @@ async def host_admin(
         (path / f"abort-{session_id}").unlink(missing_ok=True)
         return False
 
+    draining = False
+
     def drain() -> str:
+        nonlocal draining
+        if not draining:
+            log.warning(
+                "draining (ctl drain): SIGTERM to the supervisor (pid %d): its workers stop "
+                "accepting, finish their sessions within shutdown_grace and exit",
+                os.getppid(),
+            )
+        draining = True
         os.kill(os.getppid(), signal.SIGTERM)  # the supervisor: the workers drain and exit
         return (
             f"the supervisor (pid {os.getppid()}) stops: its workers stop accepting, "
@@ -245,16 +281,24 @@ async def host_admin(
 
     readiness: Readiness = ready
     router = add_routes(Router(), registry, readiness)
+    chart = History(lambda: chart_totals(registry))
     context = ApiContext(
         suspensions=suspensions_of(settings), registry=registry,
         sessions=lambda: live.read_published(path), abort=abort, scheduler=scheduler,
-        drain=drain, reload=reload if reloadable else None, log_url=settings.log,
+        drain=drain, draining=lambda: draining, reload=reload if reloadable else None,
+        log_url=settings.log,
         weights=settings.fair.weights(), workers=settings.workers,
+        targets=targets_of(settings), history=chart,
     )  # fmt: skip
     add_dashboard(add_api(router, context))
     server = await _start_server(settings, router, token)
     try:
-        yield server
+        async with asyncio.TaskGroup() as group:
+            charting = group.create_task(chart.run())
+            try:
+                yield server
+            finally:
+                charting.cancel()
     finally:
         await server.close()
 

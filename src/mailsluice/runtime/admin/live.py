@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -36,6 +37,8 @@ __all__ = [
     "take_aborts",
 ]
 
+log = logging.getLogger("mailsluice.admin")
+
 _SNAPSHOT = re.compile(r"sessions-(\d+)\.json")
 _ABORT = "abort-"
 _SESSION_ID = re.compile(r"[0-9a-f]{1,16}-[0-9]{1,12}")
@@ -47,7 +50,7 @@ class LiveConnection(Protocol):
 
     def held_lines(self) -> tuple[tuple[int, float, str, str], ...]: ...
 
-    def shutdown(self, forced: bool) -> None: ...
+    def abort(self) -> None: ...
 
 
 def valid_session_id(text: str) -> bool:
@@ -92,12 +95,18 @@ def held_transcript(
 
 
 def abort_session(connections: Iterable[LiveConnection], session_id: str) -> bool:
-    """End the session ``session_id`` (the relay's forced shutdown: ``421`` to the
-    client, the MX connection closed before any dot). False: no such session here."""
+    """End the session ``session_id`` (``421 4.3.2 ... session aborted by the operator``
+    to the client, the MX connection closed before any dot; logged). False: no such
+    session here."""
     for connection in list(connections):
         row = connection.live()
         if row is not None and row.get("id") == session_id:
-            connection.shutdown(forced=True)
+            log.warning(
+                "session %s (client %s, to %s, %s) aborted by the operator: 421 4.3.2 to "
+                "its client, which retries",
+                session_id, row.get("client"), row.get("destination"), row.get("phase"),
+            )  # fmt: skip
+            connection.abort()
             return True
     return False
 

@@ -213,15 +213,21 @@ def run_fairness(
     figures = stats.fairness_summary(rows, label, start=t0(run))
     if run.status == "ok":
         return figures
-    sent: dict[str, int] = {}
-    for item in run.submitted:
-        sent[str(item.tenant)] = sent.get(str(item.tenant), 0) + 1
+    sent = sent_per_tenant(run)
     got = {t: f["count"] for t, f in figures["tenants"].items()}
     figures["unfinished"] = {t: f"{got.get(t, 0)}/{n}" for t, n in sorted(sent.items())}
     figures["deadline_s"] = deadline
     for key in ("completion_s", "jain_index", "slowest_fastest_ratio"):
         figures[key] = None
     return figures
+
+
+def sent_per_tenant(run: VariantRun) -> dict[str, int]:
+    """How many messages each tenant of ``run`` sent."""
+    sent: dict[str, int] = {}
+    for item in run.submitted:
+        sent[str(item.tenant)] = sent.get(str(item.tenant), 0) + 1
+    return sent
 
 
 def explanations(backoff: float, deadline: float) -> list[str]:
@@ -272,7 +278,9 @@ def finish(args: argparse.Namespace, runs: dict[str, VariantRun]) -> None:
         from mailsluice_lab.bench.scenarios import plots, plots_slots
 
         starts = {label: t0(run) for label, run in runs.items()}
-        return [*plots.plot_fairness(out, deliveries, starts=starts),
+        cuts = {label: (args.deadline_s, sent_per_tenant(run)) for label, run in runs.items()
+                if run.status != "ok"}  # fmt: skip
+        return [*plots.plot_fairness(out, deliveries, starts=starts, cuts=cuts),
                 *plots_slots.plot_slots(out, files["slots"], files.get("state"),
                                         limit=args.limit, scenario=SCENARIO)]  # fmt: skip
 

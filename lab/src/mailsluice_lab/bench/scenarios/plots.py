@@ -319,8 +319,14 @@ def plot_fairness(
     deliveries_csv: Path,
     *,
     starts: Mapping[str, float] | None = None,
+    cuts: Mapping[str, tuple[float, Mapping[str, int]]] | None = None,
 ) -> list[Path]:
-    """fairness.png: per-tenant cumulative received over time, one panel per variant."""
+    """fairness.png: per-tenant cumulative received over time, one panel per variant.
+
+    ``cuts``: the runs cut off before every tenant was through, each with its cut-off
+    (seconds from the start) and what each tenant sent. Their unfinished tenants are
+    labelled so ("12/50 at the cut-off"), with no completion line, their curves drawn on
+    to the cut-off (a red dashed line), and the time axis reaches it."""
     deliveries = read_deliveries(deliveries_csv)
     by_variant = _by_variant(deliveries)
     variants = ordered_variants(by_variant)
@@ -329,17 +335,35 @@ def plot_fairness(
     t0 = _starts(variants, deliveries, [], starts)
     colours = _colours(d.tenant for d in deliveries)
     scenario = _scenario(deliveries)
+    cuts = cuts or {}
     fig, grid = _grid(variants)
     for v, ax in grid.items():
         summary = fairness_summary(by_variant[v], v, start=t0[v])
+        cut = cuts.get(v)
         for tenant, entry in summary["tenants"].items():
             times = [d.received_at for d in by_variant[v] if d.tenant == tenant]
             done = entry["completion_s"]
+            sent = cut[1].get(tenant, 0) if cut is not None else 0
+            if cut is not None and entry["count"] < sent:  # never finished
+                label = f"{tenant_label(tenant)}: {entry['count']}/{sent} at the cut-off"
+                _cumulative(ax, times, t0[v], color=colours[tenant], label=label)
+                ax.plot([done, cut[0]], [entry["count"]] * 2, color=colours[tenant])
+                continue
             label = f"{tenant_label(tenant)}: done at {done:.1f} s"
             _cumulative(ax, times, t0[v], color=colours[tenant], label=label)
             ax.axvline(done, color=colours[tenant], linestyle=":", linewidth=1)
+        title = _fairness_title(summary)
+        for tenant in sorted(set(cut[1] if cut is not None else ()) - set(summary["tenants"])):
+            assert cut is not None  # a tenant that received nothing at all
+            ax.plot([0.0, cut[0]], [0, 0], color=colours.get(tenant, "#777777"),
+                    label=f"{tenant_label(tenant)}: 0/{cut[1][tenant]} at the cut-off")  # fmt: skip
+        if cut is not None:
+            ax.axvline(cut[0], color="#c62828", linestyle="--", linewidth=1.2)
+            ax.set_xlim(right=max(ax.get_xlim()[1], cut[0] * 1.03))
+            title = f"did not finish: cut off at {cut[0]:g} s"
         _style(ax, f"{scenario} via {v}: received per tenant", _X_LABEL, "messages received", False)
-        ax.legend(title=_fairness_title(summary), loc="lower right", fontsize=8,
+        ax.legend(title=title, loc="lower right", fontsize=8,
                   title_fontsize=8, alignment="left")  # fmt: skip
-    fig.suptitle(f"{scenario}: per-tenant deliveries (dotted: tenant's completion)")
+    ending = "; red dashed: a run's cut-off" if cuts else ""
+    fig.suptitle(f"{scenario}: per-tenant deliveries (dotted: tenant's completion{ending})")
     return [_save(fig, out_dir / "fairness.png")]

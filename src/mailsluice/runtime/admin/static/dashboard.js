@@ -1,10 +1,12 @@
 // The mailsluice dashboard: polls the admin JSON API every second with the bearer token
 // kept in sessionStorage (never in the URL), and draws what it gets. No framework, no
 // build step; every value goes into the page as text (textContent), never as HTML.
+// The chart opens with the last 15 minutes the server kept (GET /api/history), then
+// goes on with the page's own polls.
 "use strict";
 
 const KEY = "mailsluice-admin-token";
-const HISTORY = 300; // seconds of chart
+const HISTORY = 900; // seconds of chart
 const history = []; // {t, delivered, deferred} cumulative totals
 let timer = null;
 
@@ -126,7 +128,7 @@ function drawChart() {
   children.push(label);
   const since = document.createElementNS("http://www.w3.org/2000/svg", "text");
   since.setAttribute("x", pad); since.setAttribute("y", height - 6);
-  since.textContent = "-" + Math.round(span) + " s";
+  since.textContent = span >= 120 ? "-" + Math.round(span / 60) + " min" : "-" + Math.round(span) + " s";
   children.push(since);
   for (const [field, colour, cls] of [["rate", "#3a6df0", "series-throughput"], ["defer", "#e0771b", "series-deferrals"]]) {
     const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
@@ -179,6 +181,28 @@ function resumeButton(id) {
   return resume;
 }
 
+function deferralsOf(overview) {
+  // as the server's history counts them: transactions deferred, and every 4xx of an MX
+  return overview.deferred + Object.values(overview.mx_deferrals).reduce((a, b) => a + b, 0);
+}
+
+async function loadHistory() {
+  try {
+    const kept = await api("GET", "/api/history");
+    const mine = history.splice(0);
+    for (const s of kept.samples) history.push({ t: s.t, delivered: s.delivered, deferred: s.deferred });
+    for (const s of mine) if (!history.length || s.t > history[history.length - 1].t) history.push(s);
+    drawChart();
+  } catch (error) {
+    // (an older server: the chart fills as the page polls)
+  }
+}
+
+function recipients(list) {
+  if (!list || !list.length) return "";
+  return list.length > 1 ? list[0] + " (+" + (list.length - 1) + ")" : list[0];
+}
+
 async function refresh() {
   try {
     const [overview, sessions, destinations, tenants, suspensions, recent] = await Promise.all([
@@ -186,8 +210,9 @@ async function refresh() {
       api("GET", "/api/tenants"), api("GET", "/api/suspensions"), api("GET", "/api/recent"),
     ]);
     $("status").textContent = overview.workers + " worker(s), up " + seconds(overview.uptime_s) + (overview.fair_sharing ? ", fair sharing" : "");
+    $("draining").hidden = !overview.draining;
     $("updated").textContent = "updated " + clock(overview.now);
-    history.push({ t: overview.now, delivered: overview.delivered, deferred: overview.deferred + Object.values(overview.mx_deferrals).reduce((a, b) => a + b, 0) });
+    history.push({ t: overview.now, delivered: overview.delivered, deferred: deferralsOf(overview) });
     while (history.length && history[0].t < overview.now - HISTORY - 2) history.shift();
     const last = history.length > 1 ? history[history.length - 1] : null;
     const first = history.length > 1 ? history[Math.max(0, history.length - 6)] : null;
@@ -223,7 +248,8 @@ async function refresh() {
       s => ({ class: "suspension-row", "data-id": s.id }));
 
     fill("recent", recent.sessions.slice(0, 15), s => s.id,
-      s => [(s.started_at || "").replace("T", " ").slice(0, 19), s.client, s.destination, s.final_code],
+      s => [(s.started_at || "").replace("T", " ").slice(11, 19), s.client, s.mail_from === null ? "" : "<" + s.mail_from + ">",
+            recipients(s.rcpt_to), s.destination, s.final_code, s.reason],
       s => ({ class: "clickable recent-row", "data-id": s.id }),
       (tr, s) => tr.addEventListener("click", () => showTranscript(s.id)));
   } catch (error) {
@@ -234,6 +260,7 @@ async function refresh() {
 function start() {
   $("login").hidden = true;
   $("app").hidden = false;
+  loadHistory();
   refresh();
   timer = setInterval(refresh, 1000);
 }

@@ -1,0 +1,1 @@
+"""Development tools of the project (not shipped): the import contract's own type."""
