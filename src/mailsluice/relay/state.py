@@ -44,7 +44,7 @@ from mailsluice.smtp.replies import Reply
 from mailsluice.smtp.verp import VerpRequest
 
 
-class IllegalMove(RuntimeError):
+class IllegalMove(Exception):  # not RuntimeError: mypyc compiles only a few bases
     """A transition the tables below do not allow: a bug of ours, never the peers'."""
 
 
