@@ -7,3 +7,9 @@ when the MX sent 2xx for it.
 """
 
 __version__ = "0.1.0"
+
+# The pure core's build: mypyc's extension modules when there are (fresh) ones, else the
+# sources; MAILSLUICE_PURE=1 forces the sources (mailsluice.native).
+from mailsluice import native as _native
+
+_native.choose()

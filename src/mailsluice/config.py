@@ -7,6 +7,7 @@ reported with the TOML key it concerns and what to write instead (``ConfigError`
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -137,6 +138,9 @@ class Settings:
     # the admin HTTP server (``runtime.admin``: /metrics, /healthz, /readyz); None = off
     admin_listen: HostPort | None = None
     admin_token_file: str | None = None  # a bearer token, read from this file at start
+    # names the admin server answers to besides its addresses and localhost (the Host
+    # header: DNS rebinding), lower case, no trailing dot (``runtime.admin.guard``)
+    admin_allowed_hosts: tuple[str, ...] = ()
     # several gateways, one set of limits (``fleetconfig``, ``runtime.fleet``): the Redis
     # URL (None: this gateway schedules alone), and this gateway's name (None: the host's)
     shared_state: SharedState | None = None
@@ -298,6 +302,34 @@ def check_admin(settings: Settings) -> None:
         )
 
 
+_HOST_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _allowed_hosts(raw: object, key: str) -> tuple[str, ...]:
+    """``admin_allowed_hosts``: DNS names or IP addresses, no scheme, port or wildcard."""
+    example = 'e.g. admin_allowed_hosts = ["admin.example.net", "192.0.2.10"]'
+    if not isinstance(raw, list):
+        raise ConfigError(f"{key}: expected a list of host names, {example}")
+    out: list[str] = []
+    for item in raw:
+        text = item.strip().lower() if isinstance(item, str) else ""
+        try:
+            out.append(str(ipaddress.ip_address(text.strip("[]"))))
+            continue
+        except ValueError:
+            pass
+        name = text.rstrip(".")
+        labels = name.split(".")
+        if not name or len(name) > 253 or not all(_HOST_LABEL.fullmatch(p) for p in labels):
+            raise ConfigError(
+                f"{key}: {item!r} is not a host name or an IP address; list the names the "
+                f"admin server is reached by (the Host header), without scheme, port or "
+                f"wildcard, {example}"
+            )
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
 def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Settings:
     relay = settings.relay
     top: dict[str, Any] = {}
@@ -354,6 +386,8 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
                 top[key] = _fleet(key, _string(raw, key))
             case "admin_token_file":
                 top["admin_token_file"] = _string(raw, key) or None
+            case "admin_allowed_hosts":
+                top["admin_allowed_hosts"] = _allowed_hosts(raw, key)
             case "log_queue_limit":
                 top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
             case "workers":

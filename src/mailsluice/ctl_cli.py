@@ -55,7 +55,8 @@ class Admin:
     timeout: float = 10.0
 
     def call(self, method: str, path: str, body: object = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
+        write = method not in ("GET", "HEAD")
+        data = json.dumps(body).encode() if body is not None else (b"" if write else None)
         host = (
             self.where.host
             if ":" not in self.where.host.strip("[]")
@@ -65,7 +66,7 @@ class Admin:
         request = urllib.request.Request(url, data=data, method=method)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
-        if data is not None:
+        if write:  # every write says JSON, body or not (the server refuses others: 415)
             request.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:

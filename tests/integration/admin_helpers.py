@@ -42,7 +42,7 @@ def call(
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
+    if method not in ("GET", "HEAD"):  # (every write says JSON: runtime.admin.guard)
         request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

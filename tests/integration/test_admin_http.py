@@ -43,7 +43,8 @@ async def _exchange(port: int, data: bytes, *, wait: float = 5.0) -> bytes:
 
 def _get(path: str, token: str | None = "t0ken", method: str = "GET", extra: str = "") -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}{extra}\r\n".encode()
+    json = "Content-Type: application/json\r\n" if method not in ("GET", "HEAD") else ""
+    return f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}{json}{extra}\r\n".encode()
 
 
 def _status(answer: bytes) -> int:

@@ -13,6 +13,7 @@ from tests.integration.admin_helpers import acall, admin_port, admin_settings, h
 from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair
 from tests.integration.proxy_helpers import outcome
+from tests.integration.test_admin_origin import araw
 
 from mailsluice.fairconfig import TenantGroup
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -86,6 +87,15 @@ async def test_the_routes_and_the_answers_match_the_spec(
         _check(spec, "/api/suspensions/{id}", "DELETE", status, got)
         status, got = await acall(port, "POST", "/api/reload")
         _check(spec, "/api/reload", "POST", status, got)
+        # the guard's refusals (runtime.admin.guard): documented per route
+        status, got = await araw(port, "GET", "/api/sessions", {"Host": "evil.example"})
+        _check(spec, "/api/sessions", "GET", status, got)
+        ours = {"Host": f"127.0.0.1:{port}"}
+        status, got = await araw(port, "POST", "/api/drain", {**ours, "Origin": "http://x.example"})
+        _check(spec, "/api/drain", "POST", status, got)
+        status, got = await araw(port, "POST", "/api/drain", {**ours, "Content-Type": "text/plain"})
+        _check(spec, "/api/drain", "POST", status, got)
+        assert (await araw(port, "GET", "/healthz", ours))[0] == 200  # (security: [])
         status, got = await acall(port, "POST", "/api/drain")
         _check(spec, "/api/drain", "POST", status, got)
         await asyncio.sleep(0)

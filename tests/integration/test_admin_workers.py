@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from tests.integration.admin_helpers import TOKEN, call
 from tests.integration.proxy_helpers import outcome
+from tests.integration.test_admin_origin import araw
 from tests.integration.test_serve_workers import _free_port, _serve, _wait_for_workers
 
 from mailsluice_lab.peers.client import RawSMTPClient
@@ -84,6 +85,13 @@ async def test_sessions_abort_and_suspensions_across_workers(tmp_path: Path, fai
                 call, admin, "POST", "/api/sessions/ffff-999999/abort"
             )
             assert status == 404, said
+
+            # the helper process's server guards like the one process's (issue 23)
+            rebound = {"Host": f"evil.example:{admin}"}
+            assert (await araw(admin, "GET", "/api/sessions", rebound))[0] == 421
+            cross_site = {"Host": f"127.0.0.1:{admin}", "Content-Type": "text/plain"}
+            assert (await araw(admin, "POST", "/api/drain", cross_site))[0] == 415
+            assert (await araw(admin, "GET", "/readyz", {"Host": f"localhost:{admin}"}))[0] == 200
 
             body = {"kind": "tenant", "name": "127.0.0.9", "seconds": 60, "reason": "flood"}
             status, made = await asyncio.to_thread(call, admin, "POST", "/api/suspensions", body)

@@ -203,6 +203,15 @@ async def test_the_dashboard_shows_live_traffic(
         with pytest.raises(smtplib.SMTPConnectError) as refused:
             await asyncio.to_thread(_send, proxy.port, "127.0.0.3", 1)
         assert b"tenant news suspended by the operator" in refused.value.smtp_error
+        # and resumed: a write without a body (it says JSON all the same: the server
+        # refuses any other write, issue 23)
+        browser.find_element(By.CSS_SELECTOR, "button.resume").click()
+        await _until(lambda: text("suspension-count") == "0")
+        assert not proxy.services.suspensions.active()
+        # an abort: confirmed in the browser's dialog, the client told 421
+        browser.find_element(By.CSS_SELECTOR, "tr.session-row button.abort").click()
+        browser.switch_to.alert.accept()
+        await _until(lambda: text("in-flight") == "2")
 
         for client in held:
             client.close()

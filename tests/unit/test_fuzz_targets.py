@@ -19,6 +19,7 @@ from types import ModuleType
 
 import pytest
 
+from mailsluice import native
 from mailsluice.relay import body as relay_body
 from mailsluice.smtp import replies
 from mailsluice.smtp.commands import Command
@@ -116,6 +117,15 @@ class _LenientScanner(BodyScanner):
         return super().feed(data.replace(b"\n.\n", b"\r\n.\r\n"))
 
 
+# The teeth below swap a class or function of the core for a broken one. Compiled by mypyc,
+# the core calls its own code directly (and its classes cannot be subclassed): a swap
+# reaches nothing. They run in the pure pass of scripts/test (MAILSLUICE_PURE=1).
+pure_only = pytest.mark.skipif(
+    native.build() == "compiled", reason="swaps core code: shown in the pure build's pass"
+)
+
+
+@pure_only
 def test_lines_target_catches_a_framer_that_loses_the_bare_lf(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -134,6 +144,7 @@ def test_commands_target_catches_a_parser_that_passes_control_characters(
         target("commands").test_one_input(b"NOOP\rMAIL FROM:<evil@example.com>")
 
 
+@pure_only
 def test_replies_target_catches_an_assembler_that_accepts_bare_lf(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -142,6 +153,7 @@ def test_replies_target_catches_an_assembler_that_accepts_bare_lf(
         target("replies").test_one_input(b"\x01250 ok\n")
 
 
+@pure_only
 def test_data_target_catches_a_scanner_fooled_by_smuggling(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -158,12 +170,14 @@ def test_ehlo_target_catches_an_unedited_capability_list(
         target("ehlo").test_one_input(b"\x00\x00mx.example\nPIPELINING\nSTARTTLS")
 
 
+@pure_only
 def test_relay_target_catches_a_2xx_the_mx_never_gave(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replies, "timeout_after_dot", lambda host: Reply.make(250, "2.0.0", "Ok"))
     with pytest.raises(AssertionError, match="2xx to end-of-data the MX did not give"):
         target("relay").test_one_input((FUZZ / "corpus/relay/timeout-after-dot").read_bytes())
 
 
+@pure_only
 def test_relay_target_catches_a_smuggled_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(relay_body, "BodyScanner", _LenientScanner)
     with pytest.raises(AssertionError, match=r"2xx for another message|never sent"):

@@ -38,7 +38,7 @@ def _view(name: str, busy: int, idle: int, waiting: int, tenant: str) -> dict[st
         "destination": name,
         "limit": 5,
         "learned": True,
-        "in_use": busy,
+        "in_use": busy + idle,  # (as the scheduler counts it: against the limit)
         "waiting": waiting,
         "tenants": {tenant: {"busy": busy, "idle": idle, "waiting": waiting}},
         "grants": 7,
@@ -128,6 +128,15 @@ def test_the_dashboard_uses_only_exported_metrics() -> None:
         assert subject in titles
 
 
+def test_the_operations_guide_names_only_exported_metrics() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    used = set(re.findall(r"\bmailsluice_[a-z0-9_]+[a-z0-9]", text))
+    assert len(used) >= 8
+    families = {name.removesuffix("_bucket") for name in _exported()}
+    missing = used - set(_exported()) - families
+    assert not missing, missing
+
+
 def test_the_readme_lists_every_metric() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     listed = dict(re.findall(r"^\| `(mailsluice_[a-z0-9_]+)` \| (\w+) \|", readme, re.M))
@@ -165,3 +174,19 @@ def test_the_token_file_must_hold_one_token(tmp_path: Path) -> None:
         read_token(
             Settings(admin_listen=HostPort("127.0.0.1", 1), admin_token_file=str(tmp_path / "none"))
         )
+
+
+def test_the_scrape_has_no_created_series_and_no_empty_family() -> None:
+    """As with ``--workers N`` (multi-process mode has neither): issue 23."""
+    from prometheus_client import Counter
+
+    from mailsluice.runtime.admin.routes import Exposed
+
+    registry = CollectorRegistry()
+    Counter("x_events", "events", registry=registry).inc()
+    Counter("x_labelled", "none yet", ["kind"], registry=registry)
+    text = generate_latest(Exposed(registry)).decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert names == {"x_events"}, text
+    assert "_created" not in text
+    assert "_created" in generate_latest(registry).decode()  # (what it takes out)

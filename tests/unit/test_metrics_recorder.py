@@ -231,3 +231,76 @@ def test_a_wait_that_ran_out_is_the_proxy_s_even_before_its_reply_is_logged() ->
     )
     assert _value(registry, "mailsluice_transactions_total", outcome="deferred_by_proxy") == 1
     assert _value(registry, "mailsluice_proxy_deferrals_total", reason="destination_busy") == 1
+
+
+def test_in_filter_mode_only_the_dots_reply_is_timed() -> None:
+    """The proxy's NOOPs while the filters run and its RSET after a refusal get MX
+    replies too: neither is the end of data's (issue 23)."""
+    metrics, registry = _recorder()
+    _feed(
+        metrics,
+        SessionOpened(SID, 10.0, "c:1", "d:25", None),
+        _chunk(
+            (10.0, "note", "connected to d:25 from s:1"),
+            (10.1, "s>c", "220 mx"),
+            (11.0, "c>s", "<message: 100 bytes>"),
+            (12.0, "p>s", "NOOP"),
+            (12.1, "s>p", "250 2.0.0 Ok"),
+            (13.0, "p>s", "DATA"),
+            (13.1, "s>p", "354 go ahead"),
+            (15.0, "s>c", "250 2.0.0 queued"),
+            (16.0, "c>s", "<message: 100 bytes>"),
+            (16.5, "p>s", "RSET"),
+            (16.6, "s>p", "250 2.0.0 Ok"),
+            (17.0, "c>s", "MAIL FROM:<a>"),
+            (17.1, "s>c", "250 2.1.0 Ok"),
+        ),
+        _closed(),
+    )
+    phase = "mailsluice_phase_duration_seconds_"
+    assert _value(registry, phase + "count", phase="end_of_data") == 1
+    assert _value(registry, phase + "sum", phase="end_of_data") == pytest.approx(4.0)
+
+
+def test_only_a_session_that_used_an_mx_counts_for_the_mx_leg() -> None:
+    """Refused, or its client's TLS failed before a connection was taken: no MX leg; the
+    failed handshake is the client leg's ``failed`` and a close reason of its own."""
+    metrics, registry = _recorder()
+    for reason in ("refused", "client-tls-failed"):
+        _feed(metrics, SessionOpened(SID, 1.0, "c:1", "d:25", None), _closed(reason))
+    mx_tls = "mailsluice_mx_tls_sessions_total"
+    assert sum(_value(registry, mx_tls, result=r) for r in ("plaintext", "unverified")) == 0
+    client_tls = "mailsluice_client_tls_sessions_total"
+    assert _value(registry, client_tls, result="failed") == 1
+    assert _value(registry, client_tls, result="plaintext") == 1
+    sessions = "mailsluice_sessions_total"
+    assert _value(registry, sessions, result="client-tls-failed") == 1
+    assert _value(registry, sessions, result="other") == 0
+
+
+def test_every_bounded_series_exists_from_the_start() -> None:
+    from mailsluice.policy.tls.model import TlsPolicyRule
+    from mailsluice.relay.records import CLOSE_REASONS
+    from mailsluice.tlsconfig import TlsSettings
+
+    metrics, registry = _recorder()
+    rule = TlsPolicyRule(Level.VERIFY, domain="example.org")
+    metrics.expect(TlsSettings(rules=(rule,)), ("milter",))
+    present = {(s.name, tuple(sorted(s.labels.items()))) for f in registry.collect()
+               for s in f.samples}  # fmt: skip
+
+    def has(name: str, **labels: str) -> bool:
+        return (name, tuple(sorted(labels.items()))) in present
+
+    assert all(has("mailsluice_sessions_total", result=r) for r in CLOSE_REASONS)
+    for kind in ("capacity", "rate", "reputation", "other"):
+        assert has("mailsluice_mx_deferrals_total", **{"class": kind})
+    assert has("mailsluice_proxy_deferrals_total", reason="destination_busy")
+    assert has("mailsluice_client_tls_sessions_total", result="failed")
+    checks = "mailsluice_tls_policy_checks_total"
+    assert has(checks, level="may", source="default", result="success")
+    assert has(checks, level="verify", source="rule", result="certificate-host-mismatch")
+    assert not has(checks, level="may", source="default", result="certificate-expired")
+    assert has(checks, level="unknown", source="unknown", result="lookup-timeout")
+    assert has("mailsluice_filter_runs_total", filter="milter")
+    assert has("mailsluice_filter_results_total", filter="milter", result="timeout")

@@ -54,12 +54,17 @@ def log_tail(path: Path, limit: int = 600) -> str:
 
 
 async def wait_smtp_ready(
-    port: int, *, timeout: float, died: Callable[[], str | None] | None = None
+    port: int,
+    *,
+    timeout: float,
+    died: Callable[[], str | None] | None = None,
+    codes: tuple[bytes, ...] = (b"220",),
 ) -> None:
     """Wait until 127.0.0.1:`port` sends an SMTP 220 greeting, then QUIT.
 
     `died` is polled between attempts; when it returns a reason (the server
-    process exited) the wait stops at once with that reason.
+    process exited) the wait stops at once with that reason. `codes`: the greetings
+    that say it is up (a transparent proxy reached directly answers 421: a loop).
     """
     deadline = time.monotonic() + timeout
     last = "no attempt yet"
@@ -71,7 +76,7 @@ async def wait_smtp_ready(
                 reader, writer = await asyncio.open_connection(LOOPBACK, port)
                 try:
                     line = await reader.readline()
-                    if line.startswith(b"220"):
+                    if line[:3] in codes:
                         writer.write(b"QUIT\r\n")
                         await writer.drain()
                         return

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from mailsluice.relay.records import (
     CHUNK_LINES,
+    CloseReason,
     Direction,
     SessionClosed,
     SessionOpened,
@@ -154,7 +155,7 @@ class Account:
             outcome=outcome,
         )
 
-    def closed(self, reason: str, now: float) -> SessionClosed:
+    def closed(self, reason: CloseReason, now: float) -> SessionClosed:
         tls, client_tls = self.tls, self.client_tls
         return SessionClosed(
             session_id=self.session_id,

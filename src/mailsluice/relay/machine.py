@@ -44,7 +44,7 @@ from mailsluice.relay.filtered import FilteredData
 from mailsluice.relay.keep import KeepCheck
 from mailsluice.relay.lease import DedicatedLease, Lease
 from mailsluice.relay.outbox import Outbox
-from mailsluice.relay.records import Direction
+from mailsluice.relay.records import CloseReason, Direction
 from mailsluice.relay.state import (
     Await,
     ClientTls,
@@ -669,7 +669,7 @@ class Relay:
             self._maybe_goodbye()
 
     def local(
-        self, reply: Reply, *, close: str | None = None, hello: Command | None = None
+        self, reply: Reply, *, close: CloseReason | None = None, hello: Command | None = None
     ) -> None:
         kind = Owed.PLAIN if hello is None else Owed.HELLO
         slot = Slot(kind, reply=reply, direction=Direction.PROXY_TO_CLIENT, close=close)
@@ -710,7 +710,7 @@ class Relay:
             state.awaiting.append(sent)
 
     # ----------------------------------------------------------------- endings
-    def fail(self, reply: Reply, reason: str) -> None:
+    def fail(self, reply: Reply, reason: CloseReason) -> None:
         """End the session: the first reply the client is owed becomes ``reply``."""
         if self._client_tls.handshaking:  # neither plaintext nor TLS: nothing can be said
             self._out.note(f"session ends during the client's TLS handshake: {reply.text}")
@@ -725,7 +725,7 @@ class Relay:
             self._out.to_client(reply, Direction.PROXY_TO_CLIENT)
             self._close(reason)
 
-    def end_silently(self, reason: str) -> None:
+    def end_silently(self, reason: CloseReason) -> None:
         """End the session without a word to the client (its TLS handshake failed)."""
         self._close(reason)
 
@@ -741,7 +741,7 @@ class Relay:
         self._out.add(act.CloseServer())
         self._lease.cut()
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: CloseReason) -> None:
         state = self._state
         if state.stage is Stage.CLOSED:
             return

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import Account, address_text, outcome_of
-from mailsluice.relay.records import Direction
+from mailsluice.relay.records import CloseReason, Direction
 from mailsluice.relay.state import Await, Sent, Slot
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
@@ -24,19 +24,19 @@ from mailsluice.smtp.replies import Reply
 class Conductor(Protocol):
     """What a collaborator may ask of the relay."""
 
-    def fail(self, reply: Reply, reason: str) -> None:
+    def fail(self, reply: Reply, reason: CloseReason) -> None:
         """End the session: the first reply the client is owed becomes ``reply``."""
 
     def protocol_error(self, detail: str) -> None:
         """The MX broke the protocol: ``421 4.5.0`` and the end of the session."""
 
     def local(
-        self, reply: Reply, *, close: str | None = None, hello: Command | None = None
+        self, reply: Reply, *, close: CloseReason | None = None, hello: Command | None = None
     ) -> None:
         """Owe the client this reply of ours (in order) and send what can go; ``hello``:
         it answers that EHLO/HELO (from a lease's memory)."""
 
-    def end_silently(self, reason: str) -> None:
+    def end_silently(self, reason: CloseReason) -> None:
         """End the session without a word to the client (its TLS handshake failed)."""
 
     def flush(self) -> None:

@@ -11,7 +11,7 @@ clock. Message bodies are never recorded.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 
 class Direction(enum.Enum):
@@ -27,6 +27,35 @@ class Direction(enum.Enum):
     PROXY_TO_SERVER = "p>s"  # command the proxy sent on its own (STARTTLS, EHLO again, QUIT)
     SERVER_TO_PROXY = "s>p"  # MX reply consumed by the proxy (to its own commands)
     NOTE = "note"  # an event that is not a line: TLS established, upstream lost, ...
+
+
+#: Why a session ended (``SessionClosed.reason``): every reason the relay gives, one
+#: type, so that a reason added to the relay is one the metrics know (``CLOSE_REASONS``)
+CloseReason = Literal[
+    "quit",  # the client's QUIT (or the MX's 221 to it)
+    "aborted-by-operator",  # mailsluice ctl abort (POST /api/sessions/{id}/abort)
+    "client-closed",  # the client went away
+    "client-timeout",  # the client said nothing in time
+    "client-tls-failed",  # the client's STARTTLS handshake failed
+    "closed-by-proxy",  # a reply of ours that ends the session (the MX lost before use...)
+    "destination-busy",  # no connection to the destination within hold_max
+    "flood",  # a line too long
+    "internal-error",  # a bug of ours: 421 4.3.0
+    "refused",  # admission: not allowed, a loop, a cap, a suspension
+    "shutdown",  # the proxy stopped
+    "sync-violation",  # the client sent before it was allowed to (pipelining, DATA)
+    "tls-failed",  # the MX's TLS handshake failed
+    "tls-injection",  # bytes after the MX's 220 to STARTTLS
+    "tls-required",  # a TLS policy the MX did not meet
+    "too-many-errors",  # the client's errors
+    "upstream-421",  # the MX's 421
+    "upstream-lost",  # the MX's connection lost
+    "upstream-protocol-error",  # the MX broke the protocol
+    "upstream-refused",  # the MX refused a connection (late binding)
+    "upstream-timeout",  # the MX said nothing in time
+    "upstream-unreachable",  # the dial failed
+]
+CLOSE_REASONS: frozenset[str] = frozenset(get_args(CloseReason))
 
 
 class SessionOpened(NamedTuple):

@@ -38,13 +38,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mailsluice.relay.records import Direction
+from mailsluice.relay.records import CloseReason, Direction
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 from mailsluice.smtp.verp import VerpRequest
 
 
-class IllegalMove(RuntimeError):
+class IllegalMove(Exception):  # not RuntimeError: mypyc compiles only a few bases
     """A transition the tables below do not allow: a bug of ours, never the peers'."""
 
 
@@ -183,7 +183,7 @@ class Slot:
     command: Command | None = None
     reply: Reply | None = None  # None until known
     direction: Direction = Direction.SERVER_TO_CLIENT  # how it is logged when sent
-    close: str | None = None  # the session ends once it is sent, for this reason
+    close: CloseReason | None = None  # the session ends once it is sent, for this reason
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ from mailsluice.policy.destrules import DestinationRule, domain_rule, recipient_
 from mailsluice.policy.learned import LimitRules
 from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay.actions import UpstreamState
+from mailsluice.runtime import errors
 from mailsluice.runtime.names import HostNames
 from mailsluice.runtime.scheduler import (
     Close,
@@ -265,7 +266,7 @@ class Destination:
         if (say_quit or half) and transport.can_write_eof():
             transport.write_eof()
         elif not say_quit:
-            transport.close()
+            errors.close(transport)
         self._owner.loop.call_later(_QUIT_WAIT, closing.finish)
 
     # ------------------------------------------------------------------ what the MX says

@@ -9,15 +9,19 @@ connection raises and hands the relay the fact (httpcore's ``map_exceptions`` pa
 * The TLS handshake: any failure is ``TlsFailed`` (``421 4.7.5``; the destination is
   remembered as one whose TLS is broken).
 * A write the MX does not take within its deadline is ``ServerClosed``.
+* Closing: a TLS transport whose peer already ended TLS (its close_notify read, in the
+  middle of our own callback) refuses ``close()`` with a ``RuntimeError``; ``close``
+  aborts it then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 
 from mailsluice.relay import events as ev
 
-__all__ = ["DIAL_ERRORS", "LOCAL_SHORTAGE", "TLS_ERRORS", "dial_failed", "tls_failed"]
+__all__ = ["DIAL_ERRORS", "LOCAL_SHORTAGE", "TLS_ERRORS", "close", "dial_failed", "tls_failed"]
 
 #: errors that mean a shortage here, not a problem of the destination
 LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -38,6 +42,15 @@ def dial_failed(exc: OSError | TimeoutError) -> ev.Event:
 
 def tls_failed(exc: BaseException) -> ev.TlsFailed:
     return ev.TlsFailed(str(exc) or type(exc).__name__)
+
+
+def close(transport: asyncio.BaseTransport) -> None:
+    """Close ``transport``; abort it when TLS refuses a close (the peer ended TLS first:
+    "cannot switch state from UNWRAPPED to SHUTDOWN")."""
+    try:
+        transport.close()
+    except RuntimeError:
+        transport.abort()  # type: ignore[attr-defined]
 
 
 def write_timed_out() -> ev.ServerClosed:

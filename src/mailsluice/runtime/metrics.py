@@ -50,62 +50,36 @@ from mailsluice.filtering.chain import FilterCounts
 from mailsluice.policy.deferrals import Rule, classify
 from mailsluice.policy.tls.model import Policy, Verdict
 from mailsluice.relay.records import (
+    CLOSE_REASONS,
     Record,
     SessionClosed,
     SessionOpened,
     TransactionEnded,
     TranscriptChunk,
 )
+from mailsluice.runtime.metriclabels import (
+    BUCKETS,
+    CLIENT_TLS,
+    DEFERRAL_CLASSES,
+    FILTER_RESULTS,
+    MX_TLS,
+    OUTCOMES,
+    PHASES,
+    PROXY_REASON_CODES,
+    PROXY_REASONS,
+    RESULTS,
+    TIMED_OUT,
+    tls_check_series,
+)
 from mailsluice.smtp.replies import Reply
+from mailsluice.tlsconfig import TlsSettings
 
 __all__ = ["PHASES", "SAMPLE_EVERY", "Metrics", "proxy_reason", "session_result"]
 
-#: the session's close reasons (``SessionClosed.reason``) kept as labels; others: ``other``
-_RESULTS = frozenset(
-    {
-        "quit",
-        "aborted-by-operator",
-        "client-closed",
-        "client-timeout",
-        "closed-by-proxy",
-        "destination-busy",
-        "flood",
-        "internal-error",
-        "refused",
-        "shutdown",
-        "sync-violation",
-        "tls-failed",
-        "tls-injection",
-        "tls-required",
-        "too-many-errors",
-        "upstream-lost",
-        "upstream-protocol-error",
-        "upstream-refused",
-        "upstream-timeout",
-        "upstream-unreachable",
-    }
-)
-#: the proxy's own 4xx at end of data, by enhanced status code (``proxy_reason``)
-_PROXY_REASONS = {
-    "4.4.5": "destination_busy",  # no slot within hold_max, or the destination is paused
-    "4.4.1": "unreachable",
-    "4.4.2": "timeout_or_lost",
-    "4.7.5": "tls",
-    "4.3.0": "internal_error",
-    "4.3.2": "shutting_down",
-    "4.5.0": "upstream_protocol",
-    "4.5.3": "too_many_recipients",
-    "4.7.0": "too_many_errors",
-    "4.7.1": "refused",
-}
 _ENHANCED = re.compile(r"([245]\.\d{1,3}\.\d{1,3})\b")
-OUTCOMES = ("delivered", "rejected", "deferred", "rejected_by_proxy", "deferred_by_proxy",
-            "aborted")  # fmt: skip
-PHASES = ("connect", "greeting", "connect_to_354", "end_of_data")
-#: seconds: from a LAN MX (ms) to one that takes minutes to answer the dot
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _FROM_MX = ("s>c", "s>p")
-MAX_TRACKED = 100_000  # sessions followed at once (more: counted, not timed)
+MAX_TRACKED = 100_000  # sessions followed at once (more: counted, not timed; their MX
+# leg counted only when it had TLS, since whether they used an MX is not known)
 SAMPLE_EVERY = 1.0  # seconds between samples of the runtime's own counters
 
 
@@ -119,7 +93,7 @@ def _same(line: str, record: TransactionEnded) -> bool:
 
 def session_result(reason: str) -> str:
     """A session's close reason as a bounded label."""
-    return reason if reason in _RESULTS else "other"
+    return reason if reason in CLOSE_REASONS else "other"
 
 
 def proxy_reason(reply_text: str | None) -> str:
@@ -127,7 +101,7 @@ def proxy_reason(reply_text: str | None) -> str:
     match = _ENHANCED.match(reply_text or "")
     if match and "aborted by the operator" in (reply_text or ""):  # (4.3.2, as shutting down)
         return "aborted_by_operator"
-    return _PROXY_REASONS.get(match.group(1), "other") if match else "other"
+    return PROXY_REASON_CODES.get(match.group(1), "other") if match else "other"
 
 
 @dataclass(slots=True)
@@ -139,6 +113,8 @@ class _Session:
     last_to_client: str = ""  # the direction of the last reply the client got ...
     last_reply: str = ""  # ... and that reply
     last_mx: str = ""  # the last reply from the MX (relayed or taken by the proxy)
+    mx_used: bool = False  # an MX connection answered it (its TLS is counted)
+    own: int = 0  # after the dot: replies due to the proxy's own NOOPs (filter mode)
 
 
 class Metrics:
@@ -184,18 +160,18 @@ class Metrics:
             "greeting (connected to greeting), connect_to_354 (session start to the first "
             "354), end_of_data (the client's dot to the MX's reply)",
             ["phase"],
-            buckets=_BUCKETS,
+            buckets=BUCKETS,
             registry=r,
         )
         self.mx_tls = Counter(
             "mailsluice_mx_tls_sessions",
-            "Sessions by the MX leg's TLS (plaintext, unverified, verified)",
+            "Sessions that used an MX connection, by its TLS (plaintext, unverified, verified)",
             ["result"],
             registry=r,
         )
         self.client_tls = Counter(
             "mailsluice_client_tls_sessions",
-            "Sessions by the client leg's TLS (plaintext, tls)",
+            "Sessions by the client leg's TLS (plaintext, tls; failed: the handshake failed)",
             ["result"],
             registry=r,
         )
@@ -232,12 +208,18 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
-        # every series exists from the start (rate() needs a zero); children are kept,
-        # since ``labels()`` costs more than the increment itself
+        # every series exists from the start (rate() needs a zero: ``metriclabels``);
+        # children are kept, since ``labels()`` costs more than the increment itself
         self._phases = {phase: self.phase.labels(phase) for phase in PHASES}
         self._children: dict[tuple[Counter, str], Counter] = {}
-        for outcome in OUTCOMES:
-            self._count(self.transactions, outcome, 0)
+        for metric, labels in (
+            (self.sessions, RESULTS), (self.transactions, OUTCOMES),
+            (self.proxy_deferrals, PROXY_REASONS), (self.mx_deferrals, DEFERRAL_CLASSES),
+            (self.mx_tls, MX_TLS), (self.client_tls, CLIENT_TLS),
+        ):  # fmt: skip
+            for label in labels:
+                self._count(metric, label, 0)
+        self.tls_checks.labels(*TIMED_OUT)
         self._seen_dropped = 0
         self._seen_filters: dict[str, tuple[int, int, int, int]] = {}
 
@@ -282,12 +264,16 @@ class Metrics:
             return
         for _, at, direction, text in chunk.lines:
             if direction in _FROM_MX:
+                session.mx_used = True
                 if session.connected_at is not None:
                     self._phases["greeting"].observe(max(0.0, at - session.connected_at))
                     session.connected_at = None
                 if session.dot_at is not None and text[:1].isdigit() and text[:3] != "354":
-                    self._phases["end_of_data"].observe(max(0.0, at - session.dot_at))
-                    session.dot_at = None
+                    if session.own:  # the reply to a keepalive of ours
+                        session.own -= 1
+                    else:
+                        self._phases["end_of_data"].observe(max(0.0, at - session.dot_at))
+                        session.dot_at = None
                 if text[:1] == "4":
                     self._mx_deferral(text)
                 session.last_mx = text
@@ -299,7 +285,14 @@ class Metrics:
                 if text.startswith("connected to "):
                     session.connected_at = at
             elif direction == "c>s" and text.startswith("<message: "):
-                session.dot_at = at
+                session.dot_at, session.own = at, 0
+            elif direction == "p>s" and session.dot_at is not None and text != "DATA":
+                # filter mode: a NOOP while the filters run (its reply is not the dot's);
+                # RSET: the message refused here, never sent (no reply to time)
+                if text == "NOOP":
+                    session.own += 1
+                else:
+                    session.dot_at = None
 
     def _mx_deferral(self, line: str) -> None:
         code = line[:3]
@@ -328,16 +321,19 @@ class Metrics:
         self._count(self.transactions, outcome)
 
     def _closed(self, record: SessionClosed) -> None:
-        self._sessions.pop(record.session_id, None)
         self._count(self.sessions, session_result(record.reason))
         if record.connect_to_354_ms is not None:
             self._phases["connect_to_354"].observe(record.connect_to_354_ms / 1000.0)
-        if record.tls_version is None:
-            tls = "plaintext"
+        session = self._sessions.pop(record.session_id, None)
+        if record.tls_version is not None:
+            self._count(self.mx_tls, "verified" if record.tls_verified else "unverified")
+        elif session is not None and session.mx_used:  # (never dialled, refused: not counted)
+            self._count(self.mx_tls, "plaintext")
+        if record.client_tls_version is not None:
+            self._count(self.client_tls, "tls")
         else:
-            tls = "verified" if record.tls_verified else "unverified"
-        self._count(self.mx_tls, tls)
-        self._count(self.client_tls, "plaintext" if record.client_tls_version is None else "tls")
+            failed = record.reason == "client-tls-failed"
+            self._count(self.client_tls, "failed" if failed else "plaintext")
 
     # ------------------------------------------------------------ the runtime's own
     def connected(self, seconds: float) -> None:
@@ -351,6 +347,16 @@ class Metrics:
         else:
             labels = (policy.level.value, policy.source.value, verdict.result.value)
             self.tls_checks.labels(*labels).inc()
+
+    def expect(self, tls: TlsSettings, filters: tuple[str, ...]) -> None:
+        """The series this configuration can count, made at zero (at start and after a
+        reload): its TLS policy checks and its filters."""
+        for labels in tls_check_series(tls):
+            self.tls_checks.labels(*labels)
+        for name in filters:
+            self.filter_runs.labels(name)
+            for result in FILTER_RESULTS:
+                self.filter_results.labels(name, result)
 
     def listening(self) -> None:
         """This worker listens: it counts as up until its process ends."""
@@ -372,8 +378,6 @@ class Metrics:
             self._seen_filters[name] = now
             if now[0] > before[0]:
                 self.filter_runs.labels(name).inc(now[0] - before[0])
-            for result, n, b in zip(
-                ("reject", "failure", "timeout"), now[1:], before[1:], strict=True
-            ):
+            for result, n, b in zip(FILTER_RESULTS, now[1:], before[1:], strict=True):
                 if n > b:
                     self.filter_results.labels(name, result).inc(n - b)

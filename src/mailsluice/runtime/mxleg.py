@@ -285,7 +285,7 @@ class MxLeg:
         if server is not None:
             if isinstance(server.get_protocol(), Side):  # (not mid-handshake: TLS's own)
                 server.set_protocol(_Ignored())
-            server.close()
+            errors.close(server)
         self.forget()
 
     def abort(self) -> None:

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "suite": "congestion, resources and fairness, one README",
     "xverp": "a mailing list: XVERP vs personalised copies through mailsluice and Postfix",
     "relay-core": "CPU of the pure relay per session (no I/O)",
+    "callgrind": "instructions per session (pure relay) or per message (whole proxy), valgrind",
     "log-writer": "records per second through the session log's writer",
     "filter-memory": "the proxy's memory with concurrent large messages through a filter",
     "load": "JMeter-like SMTP load generator against any server (--target HOST:PORT)",
@@ -73,6 +74,10 @@ def main(argv: list[str]) -> int:
         from mailsluice_lab.bench import relay_core
 
         return relay_core.main(rest)
+    if name == "callgrind":
+        from mailsluice_lab.bench import callgrind
+
+        return callgrind.main(rest)
     if name == "log-writer":
         from mailsluice_lab.bench import log_writer
 

@@ -6,6 +6,11 @@
   per session, as before issue 13); mailsluice-reuse: fair sharing off, connection reuse on
   (with fair sharing on, `reuse_connections` is not used: the tenant's idle connections are);
   mailsluice-trace: filter mode with the trace-header filter;
+- mailsluice-transparent: `mailsluice serve` without `--upstream`, reached through
+  iptables REDIRECT and reading SO_ORIGINAL_DST, as deployed (issue 25): only inside the
+  benchmark's own network namespace (`bench relay --netns`), where smtp-source runs as
+  `nobody` and an OUTPUT rule sends that user's connections to the sink's port to the
+  proxy (whose own connections, as root, go to the sink);
 - nginx: an nginx `stream` TCP proxy (a plain forwarder, no SMTP parsing);
 - postfix: a throwaway store-and-forward Postfix instance relaying to the sink.
 
@@ -27,7 +32,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mailsluice_lab.processes import (
@@ -66,6 +71,9 @@ class Endpoint:
     queue_state: Callable[[], tuple[int, int]] | None = None  # (queued, deferred): relays only
     artifacts: tuple[Path, ...] = ()  # files whose final size is recorded (session log)
     info: Mapping[str, object] = field(default_factory=dict)
+    source_uid: int | None = None  # run smtp-source as this user (an iptables owner match)
+    mailsluice: bool = False  # its processes are mailsluice's (worker, log writer, ...)
+    workers: int = 1  # mailsluice's worker processes
 
 
 Starter = Callable[[Context], AbstractAsyncContextManager[Endpoint]]
@@ -155,16 +163,76 @@ async def _mailsluice_shared(ctx: Context) -> AsyncIterator[Endpoint]:
             yield endpoint
 
 
+#: the benchmark runs in a namespace of its own (``bench relay --netns``): its name
+NETNS_VARIABLE = "MAILSLUICE_BENCH_NETNS"
+SOURCE_UID = 65534  # nobody: smtp-source's connections are the ones REDIRECTed
+
+
+def _transparent_missing() -> str | None:
+    if (reason := _mailsluice_missing()) is not None:
+        return reason
+    if not os.environ.get(NETNS_VARIABLE):
+        return "needs the benchmark's own network namespace: run bench relay with --netns"
+    if os.geteuid() != 0:
+        return "iptables REDIRECT needs root"
+    missing = [tool for tool in ("iptables", "setpriv") if find_program(tool) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (apt-get install iptables util-linux)"
+    return None
+
+
+def redirect_rule(action: str, *, sink_port: int, proxy_port: int) -> list[str]:
+    """The OUTPUT rule (``-A`` to add, ``-D`` to delete) that sends smtp-source's
+    connections to the sink (and no one else's: the proxy dials as root) to the proxy."""
+    return [
+        "iptables", "-w", "-t", "nat", action, "OUTPUT", "-p", "tcp", "-d", LOOPBACK,
+        "--dport", str(sink_port), "-m", "owner", "--uid-owner", str(SOURCE_UID),
+        "-j", "REDIRECT", "--to-ports", str(proxy_port),
+    ]  # fmt: skip
+
+
+async def _iptables(argv: list[str]) -> str | None:
+    """Run an iptables command; what went wrong, or None."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        return f"{' '.join(argv)} exited {proc.returncode}: {err.decode(errors='replace')}"
+    return None
+
+
 @contextlib.asynccontextmanager
-async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[Endpoint]:
+async def _mailsluice_transparent(ctx: Context) -> AsyncIterator[Endpoint]:
+    """mailsluice as deployed: no --upstream, the original destination read from the
+    REDIRECTed connection (SO_ORIGINAL_DST), fair sharing on, the session log on."""
     port = free_port()
+    rule = {"sink_port": ctx.sink_port, "proxy_port": port}
+    if (problem := await _iptables(redirect_rule("-A", **rule))) is not None:
+        raise LabError(problem)
+    try:
+        async with _mailsluice(ctx, upstream=False, port=port) as endpoint:
+            yield replace(
+                endpoint, port=ctx.sink_port, source_uid=SOURCE_UID,
+                info={**endpoint.info, "interception": " ".join(redirect_rule("-A", **rule))},
+            )  # fmt: skip
+    finally:
+        await _iptables(redirect_rule("-D", **rule))
+
+
+@contextlib.asynccontextmanager
+async def _mailsluice(
+    ctx: Context, config: str | None = None, *, upstream: bool = True, port: int | None = None
+) -> AsyncIterator[Endpoint]:
+    port = port or free_port()
     suffix = {"sqlite": "db", "jsonl": "jsonl"}.get(ctx.log_kind)
     session_log = ctx.workdir / f"mailsluice-{ctx.run_tag}.{suffix}" if suffix else None
     log_url = f"{ctx.log_kind}:{session_log or ''}"
     argv = [
         sys.executable, "-m", "mailsluice", "serve",
         "--listen", f"{LOOPBACK}:{port}",
-        "--upstream", f"{LOOPBACK}:{ctx.sink_port}",
+        *(["--upstream", f"{LOOPBACK}:{ctx.sink_port}"] if upstream else []),
         "--log", log_url, "--workers", str(ctx.mailsluice_workers),
         "--max-connections-per-client", "0",  # every session comes from LOOPBACK
     ]  # fmt: skip
@@ -175,8 +243,9 @@ async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[
     log = ctx.workdir / f"mailsluice-{ctx.run_tag}.log"
     async with child(argv, log=log, grace=15.0) as proc:
         await wait_smtp_ready(
-            port, timeout=ctx.startup_timeout, died=exit_reporter(proc, "mailsluice serve", log)
-        )
+            port, timeout=ctx.startup_timeout, died=exit_reporter(proc, "mailsluice serve", log),
+            codes=(b"220",) if upstream else (b"220", b"421"),  # reached directly: a loop
+        )  # fmt: skip
         artifacts = (
             (session_log, session_log.with_name(session_log.name + "-wal")) if session_log else ()
         )
@@ -185,6 +254,8 @@ async def _mailsluice(ctx: Context, config: str | None = None) -> AsyncIterator[
             pid=proc.pid,
             artifacts=artifacts,
             info={"command": " ".join(argv), "log": ctx.log_kind},
+            mailsluice=True,
+            workers=ctx.mailsluice_workers,
         )
 
 
@@ -422,6 +493,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("direct", "smtp-source straight to smtp-sink", lambda: None, _direct),
     Variant("mailsluice", "mailsluice serve --upstream, session log on, fair sharing on",
             _mailsluice_missing, _mailsluice),
+    Variant("mailsluice-transparent", "mailsluice as deployed: iptables REDIRECT, "
+            "SO_ORIGINAL_DST (bench relay --netns)", _transparent_missing,
+            _mailsluice_transparent),
     Variant("mailsluice-fcfs", "mailsluice with fair sharing off (a connection per session)",
             _mailsluice_missing, _mailsluice_fcfs),
     Variant("mailsluice-reuse", "mailsluice with connection reuse toward the MX (fair sharing "

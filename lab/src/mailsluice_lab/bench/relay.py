@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,20 +24,32 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mailsluice_lab.bench.forwarders import VARIANTS, Context, Endpoint, Variant, remove_tree
+from mailsluice_lab.bench import cpusplit
+from mailsluice_lab.bench.forwarders import (
+    NETNS_VARIABLE,
+    VARIANTS,
+    Context,
+    Endpoint,
+    Variant,
+    remove_tree,
+)
 from mailsluice_lab.bench.report import build_report, format_table, machine_info
 from mailsluice_lab.bench.smtptools import SinkCounter, run_smtp_source, smtp_sink
 from mailsluice_lab.bench.tlsvariants import TLS_VARIANTS
+from mailsluice_lab.netns.plumbing import namespaces, unavailable_reason
 from mailsluice_lab.processes import (
     LabError,
     machine_cpu_share,
     machine_cpu_ticks,
     maps_mention,
+    process_tree,
     tree_cpu_seconds,
     tree_peak_rss_kib,
 )
 
-DEFAULT_VIA = ",".join(v.name for v in VARIANTS)  # the TLS variants only when named
+# the TLS variants only when named; the transparent one by default only with --netns
+DEFAULT_VIA = ",".join(v.name for v in VARIANTS if v.name != "mailsluice-transparent")
+NETNS_VIA = ",".join(v.name for v in VARIANTS)
 ALL_VARIANTS = (*VARIANTS, *TLS_VARIANTS)
 
 
@@ -65,6 +78,13 @@ class Options:
     reuse: bool
     keep_workdir: bool
     workers: int = 3
+    both_modes: bool = False  # each variant with a connection per message and with -d
+    netns: bool = False  # run in a network namespace of its own (bench relay --netns)
+
+    @property
+    def modes(self) -> tuple[bool, ...]:
+        """smtp-source -d or not, for each run of a variant."""
+        return (False, True) if self.both_modes else (self.reuse,)
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,20 @@ class RunResult:
     loadavg_1m: float | None = None  # machine load when the run started
     machine_cpu: dict[str, float] = field(default_factory=dict)  # busy/steal % during the run
     info: dict[str, object] = field(default_factory=dict)
+    many: bool = False  # smtp-source -d: several messages per connection
+    cpu_by_role: dict[str, dict[str, float]] = field(default_factory=dict)  # seconds
+    cpu_ms_per_message: dict[str, dict[str, float]] = field(default_factory=dict)
+    peak_rss_kib_by_role: dict[str, int] = field(default_factory=dict)  # largest process
+    start_rss_kib_by_role: dict[str, int] = field(default_factory=dict)  # before the load
+
+    @property
+    def label(self) -> str:
+        return label(self.variant, self.many)
+
+
+def label(name: str, many: bool) -> str:
+    """A variant's name in the summary: ``mailsluice``, ``mailsluice -d`` (smtp-source -d)."""
+    return f"{name} -d" if many else name
 
 
 def _positive(text: str) -> int:
@@ -115,7 +149,11 @@ def parse_options(argv: list[str]) -> Options:
     parser.add_argument("--messages", type=_positive, default=20000, help="messages per run")
     parser.add_argument("--sessions", type=_positive, default=20, help="parallel SMTP sessions")
     parser.add_argument("--size", type=int, default=1024, help="payload bytes per message")
-    parser.add_argument("--via", default=DEFAULT_VIA, help="comma-separated variants")
+    parser.add_argument(
+        "--via", default=None,
+        help=f"comma-separated variants (default: {DEFAULT_VIA}; with --netns also "
+        "mailsluice-transparent)",
+    )  # fmt: skip
     parser.add_argument("--repeat", type=_positive, default=1, help="runs per variant")
     parser.add_argument(
         "--out", type=Path, default=Path("lab/results"), help="where relay.json goes"
@@ -137,9 +175,20 @@ def parse_options(argv: list[str]) -> Options:
         "--reuse-connections", action="store_true",
         help="smtp-source -d: several messages per connection (default: one per connection)",
     )  # fmt: skip
+    parser.add_argument(
+        "--both-modes", action="store_true",
+        help="each variant both ways: a connection per message, and smtp-source -d (shown as "
+        "'NAME -d')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--netns", action="store_true",
+        help="run everything in a throw-away network namespace of its own (root; needed by "
+        "mailsluice-transparent, whose iptables rule goes there)",
+    )  # fmt: skip
     parser.add_argument("--keep-workdir", action="store_true", help="keep configs and logs")
     args = parser.parse_args(argv)
-    via = tuple(name.strip() for name in args.via.split(",") if name.strip())
+    chosen = args.via if args.via is not None else NETNS_VIA if args.netns else DEFAULT_VIA
+    via = tuple(name.strip() for name in chosen.split(",") if name.strip())
     known = {v.name for v in ALL_VARIANTS}
     unknown = [name for name in via if name not in known]
     if unknown or not via:
@@ -151,7 +200,7 @@ def parse_options(argv: list[str]) -> Options:
         repeat=args.repeat, out=args.out, timeout=args.timeout,
         startup_timeout=args.startup_timeout, nginx_workers=args.nginx_workers,
         log_kind=args.log_kind, reuse=args.reuse_connections, keep_workdir=args.keep_workdir,
-        workers=args.workers,
+        workers=args.workers, both_modes=args.both_modes, netns=args.netns,
     )  # fmt: skip
 
 
@@ -208,8 +257,35 @@ def _artifact_bytes(endpoint: Endpoint) -> int | None:
     return sum(sizes) if sizes else None
 
 
-async def _measure(opts: Options, name: str, repeat: int, workdir: Path) -> RunResult:
-    tag = f"{name}-{repeat}"
+def _snapshot(pid: int | None) -> dict[int, cpusplit.ProcSample]:
+    return cpusplit.sample_tree(process_tree(pid)) if pid else {}
+
+
+def _split(
+    endpoint: Endpoint,
+    before: dict[int, cpusplit.ProcSample],
+    after: dict[int, cpusplit.ProcSample],
+    messages: int,
+) -> dict[str, object]:
+    if endpoint.pid is None or not after:
+        return {}
+    role_of = cpusplit.roles(
+        [*before.values(), *after.values()], endpoint.pid,
+        mailsluice=endpoint.mailsluice, workers=endpoint.workers,
+    )  # fmt: skip
+    split = cpusplit.cpu_split(before, after, role_of, cpusplit.CLK_TCK)
+    return {
+        "cpu_by_role": split,
+        "cpu_ms_per_message": cpusplit.per_message_ms(split, messages),
+        "peak_rss_kib_by_role": cpusplit.rss_split(after, role_of),
+        "start_rss_kib_by_role": cpusplit.rss_split(before, role_of, peak=False),
+    }
+
+
+async def _measure(
+    opts: Options, name: str, repeat: int, workdir: Path, many: bool = False
+) -> RunResult:
+    tag = f"{name}{'-d' if many else ''}-{repeat}"
     load = round(os.getloadavg()[0], 2)
     async with smtp_sink(workdir, tag, startup_timeout=opts.startup_timeout) as sink:
         ctx = Context(
@@ -219,18 +295,20 @@ async def _measure(opts: Options, name: str, repeat: int, workdir: Path) -> RunR
         )  # fmt: skip
         async with variant(name).start(ctx) as endpoint:
             pid = endpoint.pid
+            procs0 = _snapshot(pid)
             cpu0 = tree_cpu_seconds(pid) if pid else None
             sink_cpu0 = tree_cpu_seconds(sink.pid)
             ticks0 = machine_cpu_ticks()
             source = await run_smtp_source(
                 endpoint.port, messages=opts.messages, sessions=opts.sessions,
-                size=opts.size, reuse=opts.reuse, workdir=workdir, tag=tag,
+                size=opts.size, reuse=many, workdir=workdir, tag=tag, uid=endpoint.source_uid,
             )  # fmt: skip
             problem, ended = await await_delivery(
                 sink.counter, source.completed, endpoint, source.ended
             )
             ticks1 = machine_cpu_ticks()
             cpu1 = tree_cpu_seconds(pid) if pid else None
+            procs1 = _snapshot(pid)
             sink_cpu1 = tree_cpu_seconds(sink.pid)
             peak = tree_peak_rss_kib(pid) if pid else None
             uvloop = maps_mention(pid, "uvloop") if pid and name == "mailsluice" else None
@@ -259,31 +337,37 @@ async def _measure(opts: Options, name: str, repeat: int, workdir: Path) -> RunR
         source_cpu_seconds=source.cpu_seconds, uvloop=uvloop,
         log_bytes=_artifact_bytes(endpoint), loadavg_1m=load,
         machine_cpu=machine_cpu_share(ticks0, ticks1),
-        info=dict(endpoint.info),
+        info=dict(endpoint.info), many=many,
+        **_split(endpoint, procs0, procs1, counter.messages),  # type: ignore[arg-type]
     )  # fmt: skip
 
 
-async def run_variant(opts: Options, name: str, repeat: int, workdir: Path) -> RunResult:
+async def run_variant(
+    opts: Options, name: str, repeat: int, workdir: Path, many: bool | None = None
+) -> RunResult:
     """Measure one variant once, within the hard time limit; never raises for a failed run."""
+    many = opts.reuse if many is None else many
     reason = variant(name).missing()
     if reason is not None:
-        return RunResult(variant=name, repeat=repeat, status="skipped", note=reason)
+        return RunResult(variant=name, repeat=repeat, status="skipped", note=reason, many=many)
     try:
         async with asyncio.timeout(opts.timeout) as limit:
-            return await _measure(opts, name, repeat, workdir)
+            return await _measure(opts, name, repeat, workdir, many)
     except TimeoutError as exc:
         if limit.expired():
             return RunResult(
-                variant=name, repeat=repeat, status="timeout",
+                variant=name, repeat=repeat, status="timeout", many=many,
                 note=f"not finished within {opts.timeout:.0f} s; all its processes were stopped",
             )  # fmt: skip
-        return RunResult(variant=name, repeat=repeat, status="failed", note=f"timed out: {exc}")
-    except (LabError, OSError) as exc:
-        return RunResult(variant=name, repeat=repeat, status="failed", note=str(exc))
+        return RunResult(
+            variant=name, repeat=repeat, status="failed", note=f"timed out: {exc}", many=many
+        )
+    except (LabError, OSError, subprocess.CalledProcessError) as exc:
+        return RunResult(variant=name, repeat=repeat, status="failed", note=str(exc), many=many)
 
 
 def _progress(result: RunResult, total: int, index: int) -> str:
-    head = f"[{index}/{total}] {result.variant:<10}"
+    head = f"[{index}/{total}] {result.label:<10}"
     if result.seconds is None:
         return f"{head} {result.status}: {result.note}"
     rate = f"{result.msg_per_s:,.0f} msg/s" if result.msg_per_s is not None else "-"
@@ -306,13 +390,14 @@ async def run_all(opts: Options) -> list[RunResult]:
     loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     workdir = _make_workdir()
     results: list[RunResult] = []
-    total = opts.repeat * len(opts.via)
+    total = opts.repeat * len(opts.via) * len(opts.modes)
     try:
         for repeat in range(opts.repeat):
-            for name in opts.via:
-                result = await run_variant(opts, name, repeat, workdir)
-                results.append(result)
-                print(_progress(result, total, len(results)), file=sys.stderr, flush=True)
+            for many in opts.modes:
+                for name in opts.via:
+                    result = await run_variant(opts, name, repeat, workdir, many)
+                    results.append(result)
+                    print(_progress(result, total, len(results)), file=sys.stderr, flush=True)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         if opts.keep_workdir:
@@ -322,12 +407,32 @@ async def run_all(opts: Options) -> list[RunResult]:
     return results
 
 
+def in_namespace(argv: list[str]) -> int:
+    """Run this benchmark again (without --netns) inside a throw-away network namespace of
+    its own, with its loopback up, and remove the namespace afterwards."""
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"mailsluice bench relay --netns: {reason}", file=sys.stderr)
+        return 2
+    rest = [arg for arg in argv if arg != "--netns"]
+    with namespaces("bench") as made:
+        ns = made["bench"]
+        env = {**os.environ, NETNS_VARIABLE: ns.name}
+        command = ns.cmd(sys.executable, "-m", "mailsluice_lab.bench", "relay", *rest)
+        try:
+            return subprocess.run(command, env=env, check=False).returncode
+        except KeyboardInterrupt:
+            return 130
+
+
 def main(argv: list[str]) -> int:
     """Run the relay benchmark; 0 when every variant that ran delivered every message."""
     try:
         opts = parse_options(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    if opts.netns and not os.environ.get(NETNS_VARIABLE):
+        return in_namespace(argv)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     machine = machine_info()
     try:
@@ -345,9 +450,11 @@ def main(argv: list[str]) -> int:
             "via": list(opts.via), "repeat": opts.repeat, "timeout_s": opts.timeout,
             "nginx_worker_processes": opts.nginx_workers, "mailsluice_log": opts.log_kind,
             "mailsluice_workers": opts.workers,
-            "connection_per_message": not opts.reuse,
+            "connection_per_message": not opts.reuse, "both_modes": opts.both_modes,
+            "netns": os.environ.get(NETNS_VARIABLE),
         },
-        machine=machine, started_at=started_at, runs=[asdict(r) for r in results],
+        machine=machine, started_at=started_at,
+        runs=[{**asdict(r), "label": r.label} for r in results],
     )  # fmt: skip
     opts.out.mkdir(parents=True, exist_ok=True)
     target = opts.out / "relay.json"

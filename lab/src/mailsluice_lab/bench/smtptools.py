@@ -127,17 +127,26 @@ async def run_smtp_source(
     reuse: bool,
     workdir: Path,
     tag: str,
+    uid: int | None = None,
 ) -> SourceResult:
     """Send `messages` messages of `size` payload bytes over `sessions` parallel sessions.
 
     smtp-source opens one connection per message unless `reuse` (-d) is set,
-    which is what an MSA without connection caching does.
+    which is what an MSA without connection caching does. `uid`: run it as that user (and group)
+    (``setpriv``), so that an iptables owner match can tell its connections from the
+    proxy's (the transparent variant).
     """
     program = find_program("smtp-source")
     if program is None:
         raise LabError("smtp-source not found; install Postfix (apt-get install postfix)")
+    as_user = []
+    if uid is not None:
+        setpriv = find_program("setpriv")
+        if setpriv is None:
+            raise LabError("setpriv not found (apt-get install util-linux)")
+        as_user = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     argv = [
-        program, "-c", "-M", HELO_NAME,
+        *as_user, program, "-c", "-M", HELO_NAME,
         "-s", str(sessions), "-m", str(messages), "-l", str(size),
         *(["-d"] if reuse else []),
         f"{LOOPBACK}:{port}",

@@ -54,7 +54,8 @@ class SchedulerCollector(Collector):
         )
         in_use = GaugeMetricFamily(
             "mailsluice_destination_connections_in_use",
-            "Connections to the destination carrying a transaction or closing",
+            "Connections to the destination carrying a transaction or closing (not the "
+            "idle ones: mailsluice_destination_connections_idle)",
             labels=label,
         )
         idle = GaugeMetricFamily(
@@ -82,6 +83,8 @@ class SchedulerCollector(Collector):
             tenants: dict[str, dict[str, int]] = _dict(view.get("tenants"))
             busy = sum(t["busy"] for t in tenants.values())
             kept = sum(t["idle"] for t in tenants.values())
+            # the view's in_use is what counts against the limit: busy, idle and closing
+            working = max(0.0, _num(view.get("in_use")) - kept)  # busy and closing
             queued = int(_num(view.get("waiting")))
             for name, numbers in tenants.items():
                 group = self._group(name)
@@ -93,7 +96,7 @@ class SchedulerCollector(Collector):
             limit.add_metric(
                 [name, "true" if view.get("learned") else "false"], _num(view.get("limit"))
             )
-            in_use.add_metric([name], _num(view.get("in_use")))
+            in_use.add_metric([name], working)
             idle.add_metric([name], kept)
             waiting.add_metric([name], queued)
             waited.add_metric([name], _num(view.get("wait_s")))

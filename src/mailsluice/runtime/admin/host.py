@@ -83,7 +83,7 @@ def read_token(settings: Settings) -> str | None:
 async def _start_server(settings: Settings, router: Router, token: str | None) -> AdminServer:
     where = settings.admin_listen
     assert where is not None
-    server = AdminServer(router, token=token)
+    server = AdminServer(router, token=token, allowed_hosts=settings.admin_allowed_hosts)
     try:
         await server.start(where.host.strip("[]"), where.port)
     except OSError as exc:
@@ -122,6 +122,8 @@ class WorkerMetrics:
         self._token = read_token(settings) if serve else None
         self.registry = CollectorRegistry() if serve else None
         self.metrics = Metrics(self.registry, settings.fair.deferral_rules)
+        if self.registry is not None:  # (always 0 here: the same families as --workers N)
+            multiproc.restarts_counter(self.registry)
         self.server: AdminServer | None = None
         self._services: Services | None = None
         self._sampler: asyncio.Task[None] | None = None
@@ -132,6 +134,8 @@ class WorkerMetrics:
         """A generation of the services (at start, and after each reload): its TLS
         verdicts are counted and its counters sampled."""
         self._services = services
+        chain = services.filter_chain
+        self.metrics.expect(services.settings.tls, chain.names if chain is not None else ())
         if services.mx_tls.gate is not None:
             services.mx_tls.gate.observe = self.metrics.tls_checked
 

@@ -13,7 +13,8 @@ function from ``Request`` to ``Response``, so the JSON API and the dashboard are
 routes on the same server (``runtime.admin.routes`` has the first ones, ``api`` the JSON
 API, ``dashboard`` the page). A path may have ``{name}`` segments (``/api/sessions/{id}``:
 ``request.params["id"]``); a route added ``public`` needs no token (the dashboard's page
-and script, which hold no data: the page asks for the token and sends it with each call).
+and script, which hold no data: the page asks for the token and sends it with each call;
+``/healthz`` and ``/readyz``: a probe must not hold a secret).
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import h11
+
+from mailsluice.runtime.admin.guard import HostGuard
+from mailsluice.runtime.localaddrs import interface_addresses
 
 __all__ = ["AdminServer", "Handler", "Request", "Response", "Router"]
 
@@ -36,6 +42,7 @@ WRITE_TIMEOUT = 30.0  # seconds for the response to leave
 MAX_HEAD = 16 * 1024  # bytes of request line and header fields
 MAX_BODY = 64 * 1024  # bytes of request body
 MAX_CLIENTS = 64  # connections at once
+MAX_SAID = 32  # refused Host values logged (each once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,16 +138,28 @@ class _TooLarge(Exception):
 
 
 class AdminServer:
-    """Serves ``router`` on one address; ``token``: the bearer token every request needs."""
+    """Serves ``router`` on one address; ``token``: the bearer token every request needs;
+    ``allowed_hosts``: the names it answers to besides its addresses and ``localhost``
+    (``admin_allowed_hosts``, ``guard``)."""
 
-    def __init__(self, router: Router, *, token: str | None) -> None:
+    def __init__(
+        self, router: Router, *, token: str | None, allowed_hosts: tuple[str, ...] = ()
+    ) -> None:
         self.router = router
         self._token = token.encode() if token else None
+        self._allowed = allowed_hosts
+        self._guard = HostGuard.serving((), allowed=allowed_hosts)
         self._server: asyncio.Server | None = None
         self._clients = 0
+        self._misdirected: set[str] = set()  # Host values refused, each said once
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._client, host, port, limit=MAX_HEAD)
+        bound = [str(s.getsockname()[0]) for s in self._server.sockets]
+        self._guard = HostGuard.serving(
+            bound, allowed=self._allowed, listen_name=None if _is_ip(host) else host,
+            host_addresses=_host_addresses(bound), where=_where(host, self.port),
+        )  # fmt: skip
 
     @property
     def port(self) -> int:
@@ -161,8 +180,9 @@ class AdminServer:
             return
         self._clients += 1
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        local = writer.get_extra_info("sockname")
         try:
-            response = await self._answer(conn, reader)
+            response = await self._answer(conn, reader, str(local[0]) if local else None)
             # (IDLE: the request was never read whole; h11 lets a server answer it anyway)
             if response is not None and conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 async with asyncio.timeout(WRITE_TIMEOUT):
@@ -178,7 +198,9 @@ class AdminServer:
                 async with asyncio.timeout(1.0):
                     await writer.wait_closed()
 
-    async def _answer(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Response | None:
+    async def _answer(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, local: str | None
+    ) -> Response | None:
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 request = await self._read(conn, reader)
@@ -190,6 +212,16 @@ class AdminServer:
             return Response.text(exc.error_status_hint, "bad request\n")
         if request is None:
             return None
+        refused = self._guard.refusal(request.method, request.headers, local)
+        if refused is not None:
+            status, text = refused
+            if status == 421 and len(self._misdirected) < MAX_SAID:
+                host = request.headers.get("host", "")
+                if host not in self._misdirected:  # (a scraper misconfigured, or a page)
+                    self._misdirected.add(host)
+                    log.warning("admin server: %s", text)
+            body = json.dumps({"error": text}).encode() + b"\n"
+            return Response(status, body, "application/json")
         if (
             self._token is not None
             and not self.router.is_public(request)
@@ -245,3 +277,32 @@ class AdminServer:
             writer.write(conn.send(h11.Data(data=response.body)))
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _where(host: str, port: int) -> str:
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_addresses(bound: list[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The host's interface addresses, read once, when the server listens on a wildcard
+    address (the address a client reached is accepted anyway, a later one included)."""
+    if not any(ipaddress.ip_address(a.partition("%")[0]).is_unspecified for a in bound):
+        return []
+    try:
+        return interface_addresses()
+    except OSError as exc:
+        log.warning(
+            "admin server: cannot read this host's addresses (%s); a Host header "
+            "must then name the address it reached, or admin_allowed_hosts",
+            exc,
+        )
+        return []

@@ -70,10 +70,10 @@ function fill(tableId, items, keyOf, cellsOf, attrsOf, onCreate) {
 
 async function api(method, path, body) {
   const options = { method, headers: { "Authorization": "Bearer " + sessionStorage.getItem(KEY) } };
-  if (body !== undefined) {
-    options.headers["Content-Type"] = "application/json";
-    options.body = JSON.stringify(body);
-  }
+  // every write says JSON, body or not: the server refuses other writes (a page
+  // elsewhere could send those cross-site without asking first)
+  if (method !== "GET") options.headers["Content-Type"] = "application/json";
+  if (body !== undefined) options.body = JSON.stringify(body);
   const response = await fetch(path, options);
   if (response.status === 401) { logout("The token was refused."); throw new Error("unauthorized"); }
   const data = await response.json().catch(() => ({}));

@@ -1,0 +1,107 @@
+"""Which build of the pure core is loaded: compiled by mypyc, or the Python sources.
+
+The pure core (``mailsluice.smtp``, ``mailsluice.relay``: :data:`COMPILED`) may be
+compiled to C extension modules by mypyc (``setup.py``; ``scripts/compile`` builds them
+in place beside the sources). The sources stay the reference: the extensions are built
+from them, and Python loads the sources instead when
+
+* ``MAILSLUICE_PURE=1`` is set (debugging, coverage, the pure half of ``scripts/test``), or
+* in a source tree, a source is newer than the extensions (an edit since the last
+  ``scripts/compile``: a stale extension must never run in place of the edited code).
+
+:func:`choose` decides once, when ``mailsluice`` is imported; :func:`build` says which
+build a process runs (``python -m mailsluice.whichbuild`` prints it). Standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["COMPILED", "PURE_VARIABLE", "build", "choose", "stale_sources"]
+
+#: the packages mypyc compiles (setup.py builds the list of their modules from this)
+COMPILED = ("mailsluice.smtp", "mailsluice.relay")
+PURE_VARIABLE = "MAILSLUICE_PURE"
+_PACKAGE = Path(__file__).resolve().parent
+_EXTENSION = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+_reason = "not decided"
+
+
+class _SourcesOnly(importlib.abc.MetaPathFinder):
+    """Finds the compiled packages' modules as sources (``.py``), never as extensions."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if not any(fullname == p or fullname.startswith(p + ".") for p in COMPILED):
+            return None
+        loaders = [
+            (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+            (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES),
+        ]
+        for entry in path or sys.path:
+            spec = importlib.machinery.FileFinder(entry, *loaders).find_spec(fullname, target)
+            if spec is not None:
+                return spec
+        return None
+
+
+def _extensions(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name.endswith(_EXTENSION)]
+
+
+def stale_sources(package: Path | None = None) -> list[str]:
+    """In a source tree (``pyproject.toml`` above the package), the sources of the compiled
+    packages that are newer than their extension modules; [] when there are none to
+    compare (nothing compiled, or an installed wheel)."""
+    package = package or _PACKAGE
+    if not (package.parent.parent / "pyproject.toml").is_file():
+        return []
+    stale = []
+    for name in COMPILED:
+        directory = package.joinpath(*name.split(".")[1:])
+        built = {p.name.split(".", 1)[0]: p.stat().st_mtime for p in _extensions(directory)}
+        if not built:
+            continue
+        for source in directory.glob("*.py"):
+            compiled_at = built.get(source.stem)
+            if compiled_at is None or source.stat().st_mtime > compiled_at:
+                stale.append(f"{name}.{source.stem}")
+    return sorted(stale)
+
+
+def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """Install the sources-only finder when the sources must be used; return why."""
+    global _reason
+    if environ.get(PURE_VARIABLE, "") not in ("", "0"):
+        _reason = f"{PURE_VARIABLE}={environ[PURE_VARIABLE]}"
+    elif stale := stale_sources():
+        _reason = f"sources newer than the compiled modules ({', '.join(stale[:3])}...)"
+        print(
+            f"mailsluice: running the Python sources of the core: {_reason}; "
+            "scripts/compile builds them again",
+            file=sys.stderr,
+        )
+    else:
+        _reason = ""
+        return _reason
+    if not any(isinstance(finder, _SourcesOnly) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourcesOnly())
+    return _reason
+
+
+def build() -> str:
+    """``compiled`` when the relay runs as mypyc's extension modules, else ``pure``, with
+    the reason when the sources were chosen over extensions that exist."""
+    import mailsluice.relay.machine as machine
+
+    if (machine.__file__ or "").endswith(_EXTENSION):
+        return "compiled"
+    return f"pure ({_reason})" if _reason else "pure"
