@@ -170,7 +170,7 @@ async def test_mx_refusing_all_recipients_gets_554_without_filtering(proxy_facto
 
 async def test_the_whole_chain_has_a_budget(proxy_factory, monkeypatch) -> None:
     # each filter within its own timeout, the two together over the chain's budget
-    monkeypatch.setattr("mailsluice.runtime.filterjob.MAX_FILTER_TIMEOUT", 0.6)
+    monkeypatch.setattr("mailsluice.runtime.session.filterjob.MAX_FILTER_TIMEOUT", 0.6)
     settings = filters(
         scripted("accept", delay=0.4, name="first"),
         scripted("accept", delay=0.4, name="second"),

@@ -16,10 +16,10 @@ from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
 from mailsluice.policy.limits import Caps
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.runtime.admission import Admission
-from mailsluice.runtime.handler import ConnectionHandler
-from mailsluice.runtime.linger import LINGER_BYTES
+from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.session.handler import ConnectionHandler
+from mailsluice.runtime.session.linger import LINGER_BYTES
 from mailsluice.sessionlog.threadwriter import NullWriter
 
 pytestmark = pytest.mark.integration

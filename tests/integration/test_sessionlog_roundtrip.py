@@ -25,8 +25,8 @@ from mailsluice.sessionlog import (
     session_with_transcript,
     transcript,
 )
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.sqlite import SCHEMA_VERSION, SqliteBackend
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
+from mailsluice.sessionlog.sqlite.writer import SCHEMA_VERSION, SqliteBackend
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from mailsluice.relay.records import (
     TransactionEnded,
     TranscriptChunk,
 )
-from mailsluice.runtime.metrics import Metrics, proxy_reason, session_result
+from mailsluice.runtime.admin.metrics import Metrics, proxy_reason, session_result
 
 pytestmark = pytest.mark.unit
 
@@ -281,7 +281,7 @@ def test_only_a_session_that_used_an_mx_counts_for_the_mx_leg() -> None:
 def test_every_bounded_series_exists_from_the_start() -> None:
     from mailsluice.policy.tls.model import TlsPolicyRule
     from mailsluice.relay.records import CLOSE_REASONS
-    from mailsluice.tlsconfig import TlsSettings
+    from mailsluice.settings.tls import TlsSettings
 
     metrics, registry = _recorder()
     rule = TlsPolicyRule(Level.VERIFY, domain="example.org")

@@ -17,7 +17,7 @@ from mailsluice.plugins.loader import PluginLoadError, has_filter, hooks_of, loa
 from mailsluice.plugins.settings import FilterSpec
 
 if TYPE_CHECKING:
-    from mailsluice.config import Settings
+    from mailsluice.settings.config import Settings
 
 __all__ = ["BuildError", "build_filter", "build_filter_chain", "build_watchers"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from mailsluice.keyhints import TABLE_KEYS, hint
+from mailsluice.settings.keyhints import TABLE_KEYS, hint
 
 __all__ = [
     "FILTER_TYPES",

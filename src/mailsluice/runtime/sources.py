@@ -31,9 +31,9 @@ from mailsluice.policy.sources import (
     choose,
     sender_domain,
 )
-from mailsluice.runtime.names import HostNames
+from mailsluice.runtime.fair.names import HostNames
+from mailsluice.settings.sources import SourceSettings, default_pool
 from mailsluice.smtp.replies import Reply
-from mailsluice.sourceconfig import SourceSettings, default_pool
 
 __all__ = ["SourceSelector"]
 

@@ -31,18 +31,18 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from mailsluice.config import ConfigError, Settings, check_admin
 from mailsluice.runtime.admin import live, multiproc
 from mailsluice.runtime.admin.api import ApiContext, add_api, chart_totals
 from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
 from mailsluice.runtime.admin.dashboard import add_dashboard
 from mailsluice.runtime.admin.history import History
 from mailsluice.runtime.admin.http import AdminServer, Router
+from mailsluice.runtime.admin.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.admin.routes import Readiness, add_routes
-from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
+from mailsluice.runtime.fair.statefile import state_path
 from mailsluice.runtime.services import Services
-from mailsluice.runtime.statefile import state_path
 from mailsluice.runtime.suspensions import Suspensions, Targets
+from mailsluice.settings.config import ConfigError, Settings, check_admin
 
 __all__ = [
     "SupervisorMetrics",
