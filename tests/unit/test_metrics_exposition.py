@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from mailsluice.policy.deferrals import default_rules
 from mailsluice.runtime.admin.collect import SchedulerCollector
 from mailsluice.runtime.admin.host import read_token
-from mailsluice.runtime.admin.metrics import Metrics
 from mailsluice.runtime.admin.multiproc import restarts_counter
+from mailsluice.runtime.metrics import Metrics
 from mailsluice.scheduling.meters import TenantWaits
 from mailsluice.settings.config import (
     ConfigError,

@@ -15,7 +15,7 @@ from mailsluice.relay.records import (
     TransactionEnded,
     TranscriptChunk,
 )
-from mailsluice.runtime.admin.metrics import Metrics, proxy_reason, session_result
+from mailsluice.runtime.metrics import Metrics, proxy_reason, session_result
 
 pytestmark = pytest.mark.unit
 

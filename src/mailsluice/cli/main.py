@@ -329,14 +329,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _sessions(args, settings)
     if args.command == "destinations":
         from mailsluice.cli.destinations import print_destinations
-        from mailsluice.runtime.fair.statefile import state_path
+        from mailsluice.settings.logplace import state_path
 
         path = args.state or state_path(settings.state_file, settings.log)
         return print_destinations(path, as_json=args.json)
     if args.command == "tlsrpt":
         from mailsluice.cli.tlsrpt import run_tlsrpt, yesterday
-        from mailsluice.runtime.fair.statefile import state_path
         from mailsluice.runtime.tls.rpt_store import store_beside
+        from mailsluice.settings.logplace import state_path
 
         db = args.db or store_beside(state_path(settings.state_file, settings.log))
         day = args.day or yesterday(time.time())

@@ -52,9 +52,9 @@ from mailsluice.runtime.admin.host import (
     run_admin_process,
     suspensions_of,
 )
-from mailsluice.runtime.admin.metrics import Metrics
 from mailsluice.runtime.fair.broker import BrokerClient, broker_address, run_broker
-from mailsluice.runtime.fair.statefile import StateFile, read_learned, state_path
+from mailsluice.runtime.fair.statefile import StateFile, read_learned
+from mailsluice.runtime.metrics import Metrics
 from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.net.listener import (
     Listener,
@@ -88,6 +88,7 @@ from mailsluice.runtime.tls.rpt_store import TlsRptStore, store_beside
 from mailsluice.sessionlog import LogWriter, open_log
 from mailsluice.settings.config import ALLOW_LOCAL, Settings
 from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.logplace import state_path
 
 log = logging.getLogger("mailsluice.server")
 

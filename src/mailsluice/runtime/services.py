@@ -37,16 +37,16 @@ from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import Record
 from mailsluice.runtime.fair.destinations import Destinations
+from mailsluice.runtime.fair.pool import UpstreamPool
 from mailsluice.runtime.net.admission import Admission, Outbound
 from mailsluice.runtime.net.origdst import original_destination
-from mailsluice.runtime.session.upstreampool import UpstreamPool
-from mailsluice.runtime.session.verbose import verbose_tee
 from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.suspensions import Suspensions
 from mailsluice.runtime.tls.contexts import ChainVerifier, client_context
 from mailsluice.runtime.tls.mx import MxTls
 from mailsluice.runtime.tls.resume import Resumption
 from mailsluice.runtime.tls.rpt_count import TlsRptCounter
+from mailsluice.runtime.verbose import verbose_tee
 from mailsluice.sessionlog import LogWriter
 from mailsluice.settings.config import Settings
 from mailsluice.smtp.replies import Reply
@@ -54,7 +54,7 @@ from mailsluice.smtp.replies import Reply
 if TYPE_CHECKING:
     import ssl
 
-    from mailsluice.runtime.admin.metrics import Metrics
+    from mailsluice.runtime.metrics import Metrics
 
 __all__ = ["ConnectionServices", "Registered", "Services"]
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mailsluice.sessionlog.codec import parse_log_url
+
 DEFAULT_LOG_DIR = Path("/var/lib/mailsluice")
 LOG_NAME = "sessions.db"
 DEFAULT_LOG = f"sqlite:{DEFAULT_LOG_DIR / LOG_NAME}"
@@ -114,3 +116,22 @@ def default_log(
         f"no place for the session log: {'; '.join(tried)}. Choose one with --log "
         'sqlite:PATH (or log = "none:" for no log)'
     )
+
+
+#: the scheduler's state (learned limits), beside a file log unless ``state_file`` says
+STATE_NAME = "destinations.json"
+
+
+def state_path(explicit: str | None, log_url: str | None) -> Path | None:
+    """Where the state goes: ``state_file``, else beside a file log, else nowhere."""
+    if explicit:
+        return Path(explicit)
+    if not log_url:
+        return None
+    try:
+        parsed = parse_log_url(log_url)
+    except ValueError:
+        return None
+    if parsed.path is None:
+        return None
+    return Path(parsed.path).parent / STATE_NAME

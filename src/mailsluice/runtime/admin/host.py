@@ -37,12 +37,12 @@ from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
 from mailsluice.runtime.admin.dashboard import add_dashboard
 from mailsluice.runtime.admin.history import History
 from mailsluice.runtime.admin.http import AdminServer, Router
-from mailsluice.runtime.admin.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.admin.routes import Readiness, add_routes
-from mailsluice.runtime.fair.statefile import state_path
+from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.suspensions import Suspensions, Targets
 from mailsluice.settings.config import ConfigError, Settings, check_admin
+from mailsluice.settings.logplace import state_path
 
 __all__ = [
     "SupervisorMetrics",

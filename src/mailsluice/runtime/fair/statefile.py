@@ -22,31 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mailsluice.sessionlog.codec import parse_log_url
-
-__all__ = ["EVERY", "StateFile", "read_learned", "state_path"]
+__all__ = ["EVERY", "StateFile", "read_learned"]
 
 log = logging.getLogger("mailsluice.state")
 
 EVERY = 2.0  # seconds between writes
-NAME = "destinations.json"
 
 Key = tuple[str, str, int]
-
-
-def state_path(explicit: str | None, log_url: str | None) -> Path | None:
-    """Where the state goes: ``state_file``, else beside a file log, else nowhere."""
-    if explicit:
-        return Path(explicit)
-    if not log_url:
-        return None
-    try:
-        parsed = parse_log_url(log_url)
-    except ValueError:
-        return None
-    if parsed.path is None:
-        return None
-    return Path(parsed.path).parent / NAME
 
 
 def read_learned(path: Path | None) -> dict[Key, int]:

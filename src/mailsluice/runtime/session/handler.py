@@ -43,10 +43,10 @@ from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
-from mailsluice.runtime.fair.borrowing import Borrowing
-from mailsluice.runtime.fair.dialprobe import GreetingWatch
 from mailsluice.runtime.net.dialer import plain_host
 from mailsluice.runtime.services import ConnectionServices
+from mailsluice.runtime.session.borrowing import Borrowing
+from mailsluice.runtime.session.dialprobe import GreetingWatch
 from mailsluice.runtime.session.filterjob import FilterDriver
 from mailsluice.runtime.session.jobs import Jobs
 from mailsluice.runtime.session.linger import LingeringClose

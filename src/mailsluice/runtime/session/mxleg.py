@@ -37,11 +37,11 @@ from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.runtime import errors
 from mailsluice.runtime.fair.destinations import Hold, Idle
+from mailsluice.runtime.fair.pool import Pooled, PoolKey
 from mailsluice.runtime.net.admission import Outbound
 from mailsluice.runtime.net.dialer import dial, plain_host
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.session.sides import Side, format_address
-from mailsluice.runtime.session.upstreampool import Pooled, PoolKey
 from mailsluice.runtime.tls.contexts import peer_chain
 from mailsluice.runtime.tls.resume import Remembered, ResumeKey, Verdict
 

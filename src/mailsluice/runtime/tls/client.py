@@ -38,8 +38,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from mailsluice.runtime.fair.statefile import state_path
 from mailsluice.settings.config import ConfigError, Settings
+from mailsluice.settings.logplace import state_path
 
 __all__ = [
     "CERT_NAME",

@@ -57,7 +57,7 @@ from mailsluice.relay.records import (
     TransactionEnded,
     TranscriptChunk,
 )
-from mailsluice.runtime.admin.metriclabels import (
+from mailsluice.runtime.metriclabels import (
     BUCKETS,
     CLIENT_TLS,
     DEFERRAL_CLASSES,

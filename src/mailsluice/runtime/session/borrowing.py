@@ -24,7 +24,7 @@ from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.records import Record
 from mailsluice.runtime.fair.destinations import Destination, Hold, Idle
-from mailsluice.runtime.fair.dialprobe import DialProbe, finish, observe
+from mailsluice.runtime.session.dialprobe import DialProbe, finish, observe
 from mailsluice.runtime.session.mxleg import MxLeg
 
 __all__ = ["Borrowing", "Tickets"]
