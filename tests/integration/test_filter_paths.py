@@ -15,7 +15,7 @@ import pytest
 from tests.integration.proxy_helpers import connect, greet, sessions, transcript_of
 
 from mailsluice.filtering.message import split_header
-from mailsluice.plugins.settings import FilteringSettings, FilterSpec
+from mailsluice.settings.filters import FilteringSettings, FilterSpec
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 

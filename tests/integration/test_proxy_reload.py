@@ -14,12 +14,12 @@ import pytest
 from tests.integration.conftest import ProxyFactory
 from tests.integration.proxy_helpers import connect
 
-from mailsluice.plugins.settings import FilterSpec
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice.settings.config import ConfigError, HostPort, Settings
 from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.filters import FilterSpec
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -27,11 +27,11 @@ be reused there); weights follow the tenant.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 from mailsluice.policy.destrules import DestinationRule, Limits, domain_rule, select
 from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
@@ -70,7 +70,6 @@ __all__ = [  # the orders and the protocol too, where the runtime has always fou
     "worker_of",
 ]
 
-log = logging.getLogger("mailsluice.scheduler")
 
 _TIMER_SLACK = 0.001  # seconds after a grant is due that the pacing timer fires
 
@@ -104,13 +103,25 @@ class _Destination:
     tally: Tally = field(default_factory=Tally)
 
 
+class Notice(Protocol):
+    """What the scheduler tells the operator (``logging``'s call, without logging)."""
+
+    def __call__(self, warning: bool, text: str, /, *args: object) -> None: ...
+
+
+def _silent(warning: bool, text: str, /, *args: object) -> None:
+    """No one listens."""
+
+
 class LocalScheduler:
     """The scheduler, in this process (see the module docstring).
 
     ``destinations``: the ``[[destinations]]`` rules; ``names``: what their host names
     resolve to (none: host rules never match); ``later``: a timer for the pace (none:
     a paced destination is filled again only by the next fact about it); ``fixed``: a
-    limit per destination over the rules' (an embedding's, or a test's)."""
+    limit per destination over the rules' (an embedding's, or a test's); ``notice``:
+    where what the operator should hear goes (a warning or not, a %-format and its
+    arguments: the shell's log; none: nowhere)."""
 
     def __init__(
         self,
@@ -124,7 +135,9 @@ class LocalScheduler:
         later: Later | None = None,
         fixed: Callable[[DestKey], int | None] | None = None,
         remembered: dict[DestKey, int] | None = None,
+        notice: Notice | None = None,
     ) -> None:
+        self._notice: Notice = notice or _silent
         self._rules = rules
         self._book = tuple(destinations)
         self._names = names
@@ -184,8 +197,13 @@ class LocalScheduler:
         index = domain_rule(self._book, domain)
         if index is not None:
             destination.bound, destination.bound_domain = index, domain
-            log.info("destination %s: recipient domain %s: %s bound to it", _text(key),
-                     domain, self._book[index].describe())  # fmt: skip
+            self._notice(
+                False,
+                "destination %s: recipient domain %s: %s bound to it",
+                _text(key),
+                domain,
+                self._book[index].describe(),
+            )
             self._rematch(key, destination)
 
     def rematch(self) -> None:
@@ -232,8 +250,13 @@ class LocalScheduler:
             destination.limit = limit
         if (index, destination.limit.value) != was:
             rule = "no rule" if index is None else self._book[index].describe()
-            log.info("destination %s: %s applies (limit %d)", _text(key), rule,
-                     destination.limit.value)  # fmt: skip
+            self._notice(
+                False,
+                "destination %s: %s applies (limit %d)",
+                _text(key),
+                rule,
+                destination.limit.value,
+            )
         value = self._effective(destination, destination.limit.value)
         self._run(key, destination, self._share(destination).set_limit(value))
 
@@ -289,15 +312,25 @@ class LocalScheduler:
         until = destination.backoff.refused(now)
         destination.pacing.hold(until)
         destination.tally.deferred("rate", now)
-        log.info("destination %s: refused with none of our connections up (too many too "
-                 "fast): no new connection for %.0f s", _text(key), until - now)  # fmt: skip
+        self._notice(
+            False,
+            "destination %s: refused with none of our connections up (too many too "
+            "fast): no new connection for %.0f s",
+            _text(key),
+            until - now,
+        )
 
     def _lower(self, key: DestKey, destination: _Destination, others: int) -> None:
         """A capacity refusal with ``others`` of ours up: that is the MX's limit."""
         destination.tally.refusals += 1
         value = destination.limit.refused(others, self._clock())
-        log.info("destination %s: refused with %d connections up; limit now %d",
-                 _text(key), others, value)  # fmt: skip
+        self._notice(
+            False,
+            "destination %s: refused with %d connections up; limit now %d",
+            _text(key),
+            others,
+            value,
+        )
         # the lower limit first: the slot freed next must not go to a dial over it
         effective = self._effective(destination, value)
         self._run(key, destination, self._share(destination).set_limit(effective))
@@ -378,17 +411,34 @@ class LocalScheduler:
         destination.tally.deferred(kind, now)
         if seconds > 0 and limit is not None:
             destination.cap, destination.cap_until = limit, now + seconds
-            log.warning("destination %s: %s deferral: at most %d connections for %.0f s",
-                        _text(key), kind, limit, seconds)  # fmt: skip
+            self._notice(
+                True,
+                "destination %s: %s deferral: at most %d connections for %.0f s",
+                _text(key),
+                kind,
+                limit,
+                seconds,
+            )
         if seconds > 0 and rate is not None:
             destination.pacing.slow(rate, now + seconds)
-            log.warning("destination %s: %s deferral: at most %g messages a minute for %.0f s",
-                        _text(key), kind, rate, seconds)  # fmt: skip
+            self._notice(
+                True,
+                "destination %s: %s deferral: at most %g messages a minute for %.0f s",
+                _text(key),
+                kind,
+                rate,
+                seconds,
+            )
         if suspend > 0:
             destination.pacing.suspend(now + suspend)
             destination.suspended_by = kind
-            log.warning("destination %s: %s deferral: no new transaction for %.0f s",
-                        _text(key), kind, suspend)  # fmt: skip
+            self._notice(
+                True,
+                "destination %s: %s deferral: no new transaction for %.0f s",
+                _text(key),
+                kind,
+                suspend,
+            )
             for ticket in list(destination.asked):  # what waits is told now, not at hold_max
                 del destination.asked[ticket]
                 self._run(key, destination, self._share(destination).cancel(ticket))

@@ -14,7 +14,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from mailsluice.plugins.settings import (
+from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
+from mailsluice.settings.fair import FairConfigError, FairSettings
+from mailsluice.settings.fair import parse as parse_fair
+from mailsluice.settings.filters import (
     FilteringSettings,
     FilterSpec,
     PluginConfigError,
@@ -23,9 +26,6 @@ from mailsluice.plugins.settings import (
     parse_filters,
     parse_plugins,
 )
-from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
-from mailsluice.settings.fair import FairConfigError, FairSettings
-from mailsluice.settings.fair import parse as parse_fair
 from mailsluice.settings.keyhints import TABLE_KEYS, hint
 from mailsluice.settings.logplace import DEFAULT_LOG as DEFAULT_LOG
 from mailsluice.settings.sources import SourceConfigError, SourceSettings

@@ -37,6 +37,7 @@ from typing import Any
 
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
+from mailsluice.runtime.fair.destinations import scheduler_notice
 from mailsluice.runtime.fair.names import HostNames
 from mailsluice.runtime.fair.statefile import StateFile, read_learned
 from mailsluice.runtime.process.workers import hangup_ready
@@ -120,7 +121,7 @@ class Broker:
         self.scheduler = LocalScheduler(
             rules=rules, weight=weight, deliver=self._deliver, clock=loop.time,
             destinations=destinations, names=self.names, later=loop.call_later, fixed=fixed,
-            remembered=remembered,
+            remembered=remembered, notice=scheduler_notice,
         )  # fmt: skip
         self.names.changed = self.scheduler.rematch
         self._workers: dict[int, _Worker] = {}

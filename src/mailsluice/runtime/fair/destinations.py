@@ -55,6 +55,13 @@ from mailsluice.smtp.replies import Reply
 __all__ = ["DestKey", "Destination", "Destinations", "Granted", "Hold", "Idle"]
 
 log = logging.getLogger("mailsluice.destinations")
+_scheduler_log = logging.getLogger("mailsluice.scheduler")
+
+
+def scheduler_notice(warning: bool, text: str, /, *args: object) -> None:
+    """What the (pure) scheduler tells the operator, to the log."""
+    _scheduler_log.log(logging.WARNING if warning else logging.INFO, text, *args)
+
 
 _QUIT_WAIT = 2.0  # seconds an idle connection's MX has to close after our QUIT
 _DOMAINS_TOLD = 32  # recipient domains told per destination, at most
@@ -382,7 +389,7 @@ class Destinations:
         local = LocalScheduler(
             rules=rules, weight=weight, deliver=self.deliver, clock=clock,
             destinations=destinations, names=self.names, later=self._later,
-            remembered=remembered,
+            remembered=remembered, notice=scheduler_notice,
         )  # fmt: skip
         self.names.changed = local.rematch
         self.scheduler: Scheduler = local

@@ -23,9 +23,9 @@ from mailsluice.filtering.chain import FilterChain, Outcome
 from mailsluice.filtering.message import iter_dot_stuffed
 from mailsluice.filtering.splice import Spliced
 from mailsluice.filtering.spool import MessageSpool
-from mailsluice.plugins.settings import MAX_FILTER_TIMEOUT
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
+from mailsluice.settings.filters import MAX_FILTER_TIMEOUT
 
 if TYPE_CHECKING:
     from mailsluice.settings.config import Settings
