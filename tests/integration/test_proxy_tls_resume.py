@@ -29,7 +29,7 @@ from tests.integration.test_runtime_tls import _Pki
 from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.runtime.server import Proxy
 from mailsluice.runtime.session.mxleg import MxLeg
-from mailsluice.runtime.tls.contexts import contexts as tls
+from mailsluice.runtime.tls import contexts as tls
 from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX

@@ -29,8 +29,8 @@ from mailsluice.sessionlog.query import (
     parse_tls,
 )
 from mailsluice.sessionlog.query_sql import MYSQL, POSTGRES, SQLITE, like_pattern, select_sessions
+from mailsluice.sessionlog.sqlite import reader as sqlite_reader
 from mailsluice.sessionlog.sqlite.writer import create_schema
-from mailsluice.sessionlog.sqlite.writer import reader as sqlite_reader
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 import trustme
 
-from mailsluice.runtime.tls.contexts import resume as tlsresume
+from mailsluice.runtime.tls import resume as tlsresume
 from mailsluice.runtime.tls.resume import ResumeKey, Resumption, SessionCache, Verdict
 
 pytestmark = pytest.mark.unit
