@@ -16,8 +16,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from mailsluice.relay.config import RelayConfig
-from mailsluice.runtime.tls.client import CERT_NAME, KEY_NAME, server_context
 from mailsluice.runtime.tls import client as clienttls
+from mailsluice.runtime.tls.client import CERT_NAME, KEY_NAME, server_context
 from mailsluice.settings.config import ConfigError, HostPort, Settings
 from mailsluice.settings.tls import TlsSettings
 
