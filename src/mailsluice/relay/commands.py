@@ -20,7 +20,7 @@ from mailsluice.relay.endings import Endings
 from mailsluice.relay.lease import Lease
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, ClientTls, Input, Owed, RelayState, Slot, Stage
+from mailsluice.relay.state import Await, ClientTls, Input, On, Owed, RelayState, Slot, Stage
 from mailsluice.relay.tlscheck import PolicyChecks
 from mailsluice.relay.xverp import Xverp
 from mailsluice.smtp import replies as rp
@@ -251,7 +251,7 @@ class ClientCommands:
         aborted by the close (the MX's late reply to DATA is never waited for).
         """
         self._out.note("client sent data before the MX's 354: SMTP protocol synchronization error")
-        self._state.end_input(Input.DISCARDED)
+        self._state.on(On.SYNC_VIOLATION)
         reply = Reply.make(554, "5.5.0", "Error: SMTP protocol synchronization")
         if data_slot is None:
             self._local(reply, close="sync-violation")

@@ -22,7 +22,7 @@ from mailsluice.relay.endings import Endings
 from mailsluice.relay.lease import Lease
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import CloseReason, Direction
-from mailsluice.relay.state import Await, Link, Owed, RelayState, Sent, Slot, Stage
+from mailsluice.relay.state import Await, Link, On, Owed, RelayState, Sent, Slot, Stage
 from mailsluice.relay.xverp import Xverp
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.lines import LineFramer
@@ -102,7 +102,7 @@ class Delivery:
                 return
             case Owed.GREETING:
                 self._lease.remember_greeting(reply)
-                self._state.enter(Stage.COMMANDS)
+                self._state.on(On.GREETED)
             case Owed.MAIL:
                 if not reply.is_positive:
                     out.transaction_ended("rejected", reply)

@@ -15,7 +15,7 @@ from mailsluice.relay.clienttls import ClientStartTls
 from mailsluice.relay.lease import Lease
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import CloseReason, Direction
-from mailsluice.relay.state import Await, Input, Link, Message, Owed, RelayState, Stage
+from mailsluice.relay.state import Await, Input, Link, Message, On, Owed, RelayState, Stage
 from mailsluice.smtp import replies as rp
 from mailsluice.smtp.lines import LineFramer
 from mailsluice.smtp.replies import Reply
@@ -71,7 +71,7 @@ class Endings:
         self.fail(rp.upstream_protocol_error(self._host), "upstream-protocol-error")
 
     def close_server(self) -> None:
-        self._state.move_link(Link.GONE)
+        self._state.on(On.GONE)
         self._out.add(act.CloseServer())
 
     def cut_server(self) -> None:
@@ -88,7 +88,7 @@ class Endings:
             self._out.add(act.CancelAcquire())
         out = self._out
         out.abort_transaction()
-        state.enter(Stage.CLOSED)
+        state.on(On.CLOSED)
         # After the client's end of stream nothing unread can be left in the kernel;
         # after a clean QUIT the client waits only for our 221: no lingering close then.
         clean = state.input is Input.ENDED or (reason == "quit" and not self._lines.buffered)

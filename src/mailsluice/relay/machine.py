@@ -56,7 +56,7 @@ from mailsluice.relay.lease import DedicatedLease
 from mailsluice.relay.mxreplies import MxReplies
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import CloseReason, Direction
-from mailsluice.relay.state import Await, Input, Link, RelayState, Sent, Slot, Stage
+from mailsluice.relay.state import Await, Input, Link, On, RelayState, Sent, Slot, Stage
 from mailsluice.relay.streaming import StreamingData
 from mailsluice.relay.timers import Timers
 from mailsluice.relay.tlscheck import PolicyChecks
@@ -254,7 +254,7 @@ class Relay:
             case ev.ServerConnectFailed(reason):
                 self._out.note(f"cannot connect: {reason}")
                 if not self._lease.lost_before_use(reason):
-                    state.move_link(Link.GONE)
+                    state.on(On.GONE)
                     self.fail(rp.greeting_unreachable(self._host), "upstream-unreachable")
             case ev.ServerDeclined(text):
                 if state.link is Link.WANTED:  # (else a slot came first: nothing waits)
@@ -276,7 +276,7 @@ class Relay:
                 self._timers.expired()
             case ev.ClientEof():
                 if state.input is Input.OPEN:
-                    state.end_input(Input.ENDED)
+                    state.on(On.CLIENT_EOF)
             case ev.ClientClosed():
                 self._endings.client_closed()
             case ev.ShutdownRequested():

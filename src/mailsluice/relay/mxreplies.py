@@ -21,7 +21,7 @@ from mailsluice.relay.keep import KeepCheck
 from mailsluice.relay.lease import Lease
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, Link, Owed, RelayState, Stage
+from mailsluice.relay.state import Await, Link, On, Owed, RelayState, Stage
 from mailsluice.relay.upgrade import TlsUpgrade
 from mailsluice.relay.xverp import Xverp
 from mailsluice.smtp import replies as rp
@@ -155,7 +155,7 @@ class MxReplies:
             return  # we closed it ourselves, or handed it back: none is ours now
         if self._lease.lost_before_use(reason):
             return  # before any transaction used it: not the tenant's business
-        state.move_link(Link.GONE)
+        state.on(On.GONE)
         self._out.note(f"upstream closed: {reason}")
         if state.awaits(Await.QUIT):
             self._endings.fail(_BYE, "quit")
