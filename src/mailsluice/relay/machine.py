@@ -92,13 +92,16 @@ class Relay:
         cached: act.UpstreamState | None = None,
         client_tls: bool = False,
         now: float,
+        wall: float = 0.0,
     ) -> None:
+        """``now`` and every later one: a monotonic clock (intervals, deadlines); ``wall``:
+        what to add to it for the wall-clock times of the records (0: it is wall time)."""
         self._host = host = config.hostname
         self._client_desc = (client, destination, source_ip)
         self._refusal = refusal
         self._state = state = RelayState(client_tls=client_tls)
         state.mx_heard_at = now
-        self._out = out = Outbox(Account(session_id, now), now)
+        self._out = out = Outbox(Account(session_id, now, wall), now)
         self._client_lines = lines = LineFramer(config.max_command_line)
         keep = KeepCheck()  # may the MX connection carry another transaction?
         self._lease = lease = (
@@ -186,7 +189,7 @@ class Relay:
         client, destination, source_ip = self._client_desc
         return LiveView(
             session_id=account.session_id, client=client, destination=destination,
-            source_ip=source_ip, opened_at=account.opened_at, phase=phase,
+            source_ip=source_ip, opened_at=account.opened_wall, phase=phase,
             messages=account.messages,
             relayed_bytes=account.relayed_bytes + (txn.size if txn is not None else 0)
             + self._intake.size,

@@ -46,12 +46,14 @@ from mailsluice.runtime import errors
 from mailsluice.runtime.net.dialer import plain_host
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.session.borrowing import Borrowing
+from mailsluice.runtime.session.deadline import Deadline
 from mailsluice.runtime.session.dialprobe import GreetingWatch
 from mailsluice.runtime.session.filterjob import FilterDriver
 from mailsluice.runtime.session.jobs import Jobs
 from mailsluice.runtime.session.linger import LingeringClose
 from mailsluice.runtime.session.mxleg import MxLeg
 from mailsluice.runtime.session.sides import Side, format_address
+from mailsluice.runtime.sources import SourceFeedback
 from mailsluice.runtime.tls.client import HANDSHAKE_TIMEOUT
 from mailsluice.runtime.tls.transport import ServerTlsTransport
 
@@ -83,10 +85,9 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_client_tls", "_data_block", "_deadline",
-        "_early", "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog",
-        "_min_rate", "_peer", "_server_blocked", "_services", "_sourced", "_timeout", "_timer",
-        "_timer_on_server", "_write_deadline", "mx", "relay",
+        "_client", "_client_eof", "_client_paused", "_client_tls", "_deadline", "_early",
+        "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_peer",
+        "_server_blocked", "_services", "_sources", "mx", "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
@@ -98,21 +99,18 @@ class ConnectionHandler:
         self._client_tls = False  # the client's TLS handshake is under way: no writes
         self._early = bytearray()  # client bytes decrypted before the handshake was reported
         self._server_blocked = False  # the MX is not reading what we write
-        self._deadline = 0.0
-        self._timeout = 0.0  # seconds of silence allowed now (the relay's SetTimer)
-        self._timer_on_server = True  # whose silence the timeout measures
-        self._write_deadline = 0.0  # when a blocked MX (not reading our writes) is given up
         timeouts = services.relay_config.timeouts
-        self._data_block = timeouts.data_block
-        self._min_rate = timeouts.client_min_rate
+        self._deadline = Deadline(
+            self._loop, data_block=timeouts.data_block, min_rate=timeouts.client_min_rate,
+            expired=partial(self._feed, ev.TimerExpired()), write_timed_out=self._write_timed_out,
+        )  # fmt: skip
         self._max_backlog = services.relay_config.max_pending_input
         self._lingering: LingeringClose | None = None  # a closed client, drained before close
-        self._timer: asyncio.TimerHandle | None = None
         self._jobs = Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
         self._fair: Borrowing | None = None  # fair sharing: its place in the line
         self._peer = ""  # the client's address
-        self._sourced = services.sources.configured  # source pools: what sessions see matters
+        self._sources: SourceFeedback | None = None  # source pools: what the MX says counts
         self.mx: MxLeg
         self.relay: Relay | None = None
         self._prepare(client)
@@ -139,10 +137,14 @@ class ConnectionHandler:
         mx_ip = plain_host(destination[0])
         self._peer = client_ip = plain_host(peer[0])
         tenant = services.tenant_of(peer[0])
-        if self._sourced and refusal is None:
+        if services.sources.configured and refusal is None:
             self.mx.source = services.sources.choose(
                 tenant=tenant, client_ip=client_ip, mx_ip=mx_ip, now=now
             )
+            self._sources = SourceFeedback(
+                services.sources, mx_ip=mx_ip, source_ip=lambda: self.mx.source_ip,
+                rules=settings.fair.deferral_rules,
+            )  # fmt: skip
         fair = services.destinations
         cached = None
         if fair is not None and refusal is None:
@@ -175,7 +177,8 @@ class ConnectionHandler:
             borrowed=self._fair is not None,
             cached=cached,
             client_tls=services.client_tls_context is not None,
-            now=now,
+            now=self._loop.time(),  # the relay's clock is monotonic; its records, wall time
+            wall=now - self._loop.time(),
         )
 
     @property
@@ -230,15 +233,9 @@ class ConnectionHandler:
             if from_client and lingering is not None and lingering.transport is not None:
                 lingering.drain(len(data))
             return
-        if not from_client:
-            if self._timer_on_server:
-                self._deadline = self._loop.time() + self._timeout
-            if self.mx.settling:  # the first reply over TLS: the session can be kept
-                self.mx.tls_settled()
-        elif not self._timer_on_server:
-            self._deadline = min(
-                self._loop.time() + self._timeout, self._deadline + len(data) / self._min_rate
-            )
+        self._deadline.heard(from_client, len(data))
+        if not from_client and self.mx.settling:  # the first reply over TLS: it can be kept
+            self.mx.tls_settled()
         self._step(relay, relay.client_data if from_client else relay.server_data, data)
 
     def _step(
@@ -248,7 +245,7 @@ class ConnectionHandler:
         client's backlog. A bug of ours becomes 421 4.3.0 for this connection, never a
         crash of the server and never a 2xx."""
         try:
-            actions = call(what, time.time())
+            actions = call(what, self._loop.time())
         except Exception as exc:
             log.exception("session %s: internal error", relay.session_id)
             self._internal_failure(relay, exc)
@@ -269,7 +266,9 @@ class ConnectionHandler:
     def _internal_failure(self, relay: Relay, exc: Exception) -> None:
         """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
         try:
-            self._perform(relay.handle(ev.InternalError(f"{type(exc).__name__}: {exc}"), 0.0))
+            self._perform(
+                relay.handle(ev.InternalError(f"{type(exc).__name__}: {exc}"), self._loop.time())
+            )
         except Exception:
             log.exception("session %s: cannot even report the error; closing", relay.session_id)
             self.mx.abort()
@@ -310,9 +309,7 @@ class ConnectionHandler:
             self._server_blocked = paused
             if self._filters is not None:
                 self._filters.server_writable(not paused)
-            if paused:
-                self._write_deadline = self._loop.time() + self._data_block
-                self._schedule(self._write_deadline)
+            self._deadline.blocked(paused)
         if other is not None and not other.is_closing():
             if paused:
                 other.pause_reading()
@@ -359,11 +356,10 @@ class ConnectionHandler:
                 self._services.submit_record(record)
                 if self._fair is not None:
                     self._fair.observe(record)
-                if self._sourced and isinstance(record, TransactionEnded):
-                    self._transaction_seen(record)
+                if self._sources is not None and isinstance(record, TransactionEnded):
+                    self._sources.transaction(record)
             elif isinstance(action, act.SetTimer):
-                self._timer_on_server = action.on_server
-                self._arm(action.seconds)
+                self._deadline.arm(action.seconds, action.on_server)
             else:
                 self._perform_rare(action)
 
@@ -416,7 +412,7 @@ class ConnectionHandler:
                     self._fair.release(state, keep=keep)
             case act.AcquireServer(sender, recipient):
                 assert self._fair is not None, "only a borrowing relay asks for a slot"
-                if self._sourced:
+                if self._sources is not None:
                     self._choose_source(self._fair, sender, recipient)
                 self._fair.ask()
             case act.CancelAcquire():
@@ -431,8 +427,8 @@ class ConnectionHandler:
             case act.MxDeferred(code, text):
                 if self._fair is not None:
                     self._fair.deferred(code, text)
-                if self._sourced:
-                    self._reputation(code, text)
+                if self._sources is not None:
+                    self._sources.deferred(code, text)
             case act.TlsBroken():
                 self._services.tls_failed(format_address(self.destination), time.time())
             case act.CheckTlsPolicy(domain):
@@ -459,20 +455,6 @@ class ConnectionHandler:
         destinations = services.destinations
         if new_ip != current and destinations is not None:
             fair.move(destinations.get((new_ip or "", mx_ip, port)))
-
-    def _reputation(self, code: int, text: str) -> None:
-        """An MX's 4xx or 5xx: a reputation one takes the source out at this MX a while."""
-        self._services.sources.deferred(
-            self.mx.source_ip, plain_host(self.destination[0]), code, text,
-            self._services.settings.fair.deferral_rules, time.time(),
-        )  # fmt: skip
-
-    def _transaction_seen(self, record: TransactionEnded) -> None:
-        """Its recipients' domains bind to the MX; a 5xx of reputation to the source."""
-        self._services.sources.seen(plain_host(self.destination[0]), record.rcpt_to)
-        code, text = record.reply_code, record.reply_text
-        if code is not None and code >= 500 and text:
-            self._reputation(code, text)
 
     async def _check_tls_policy(self, domain: str) -> None:
         self._feed(await self.mx.check_policy(domain))
@@ -532,32 +514,13 @@ class ConnectionHandler:
     def _session_id(self) -> str:
         return self.relay.session_id if self.relay is not None else "?"
 
-    # ------------------------------------------------------------ timer
-    def _arm(self, seconds: float) -> None:
-        self._timeout = seconds
-        self._deadline = self._loop.time() + seconds
-        self._schedule(self._deadline)
-
-    def _schedule(self, deadline: float) -> None:
-        """Make the timer fire no later than ``deadline`` (when early, it re-arms itself)."""
-        if self._timer is None or deadline < self._timer.when():
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(deadline, self._timer_fired)
-
-    def _timer_fired(self) -> None:
-        self._timer = None
-        now = self._loop.time()
-        if self._server_blocked and self.mx.transport is not None and now >= self._write_deadline:
-            self.mx.abort()  # it stopped reading: given up, with what it did not take
-            self._feed(errors.write_timed_out())
-        elif now >= self._deadline:
-            self._feed(ev.TimerExpired())
-        else:
-            next_at = self._deadline
-            if self._server_blocked:
-                next_at = min(next_at, self._write_deadline)
-            self._timer = self._loop.call_at(next_at, self._timer_fired)
+    def _write_timed_out(self) -> bool:
+        """The MX stopped reading: given up, with what it did not take."""
+        if self.mx.transport is None:
+            return False
+        self.mx.abort()
+        self._feed(errors.write_timed_out())
+        return True
 
     # ------------------------------------------------------------ filter mode
     async def _run_filters(self, run: act.RunFilters) -> None:
@@ -592,9 +555,7 @@ class ConnectionHandler:
     def _teardown(self) -> None:
         if self._filters is not None:
             self._filters.drop()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline.cancel()
         self.mx.close()
         self._let_go()
         if self._fair is not None:
