@@ -19,7 +19,7 @@ import pytest
 import trustme
 from hypothesis import settings
 
-from mailsluice.logplace import DEFAULT_LOG_DIR
+from mailsluice.settings.logplace import DEFAULT_LOG_DIR
 from tests.support import certs
 
 settings.register_profile("dev", max_examples=40, deadline=None)

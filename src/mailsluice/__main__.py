@@ -1,5 +1,5 @@
 """`python -m mailsluice` runs the command line."""
 
-from mailsluice.cli import main
+from mailsluice.cli.main import main
 
 raise SystemExit(main())

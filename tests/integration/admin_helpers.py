@@ -11,8 +11,8 @@ from typing import Any
 
 from tests.integration.fair_helpers import greeted, tenant
 
-from mailsluice.config import HostPort
 from mailsluice.runtime.server import Proxy
+from mailsluice.settings.config import HostPort
 from mailsluice_lab.peers.client import RawSMTPClient
 
 TOKEN = "s3cret-admin-token"

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.fairconfig import FairSettings
 from mailsluice.relay.config import RelayConfig, Timeouts
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.config import HostPort, Settings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.tls import TlsSettings
 
 ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
 

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from tests.integration.proxy_helpers import WAIT, outcome
 
-from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.server import Proxy
+from mailsluice.settings.fair import FairSettings
 from mailsluice_lab.peers.client import RawSMTPClient, data_block
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
 

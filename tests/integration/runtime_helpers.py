@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mailsluice.config import HostPort, Settings
+from mailsluice.settings.config import HostPort, Settings
 
 LOOPBACK = "127.0.0.1"
 

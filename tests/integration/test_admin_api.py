@@ -30,10 +30,10 @@ from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair, greeted, tenant
 from tests.integration.proxy_helpers import outcome
 
-from mailsluice.config import ConfigError, HostPort, Settings
-from mailsluice.fairconfig import FairSettings, TenantGroup
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.config import ConfigError, HostPort, Settings
+from mailsluice.settings.fair import FairSettings, TenantGroup
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.asyncio

@@ -19,9 +19,9 @@ from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair
 from tests.integration.proxy_helpers import outcome
 
-from mailsluice import ctl_cli
-from mailsluice.cli import build_parser
-from mailsluice.fairconfig import TenantGroup
+from mailsluice.cli import ctl as ctl_cli
+from mailsluice.cli.main import build_parser
+from mailsluice.settings.fair import TenantGroup
 from mailsluice_lab.peers.client import RawSMTPClient
 from mailsluice_lab.peers.mx import ScriptedMX
 

@@ -15,7 +15,7 @@ from tests.integration.fair_helpers import fair
 from tests.integration.proxy_helpers import outcome
 from tests.integration.test_admin_origin import araw
 
-from mailsluice.fairconfig import TenantGroup
+from mailsluice.settings.fair import TenantGroup
 from mailsluice_lab.peers.mx import ScriptedMX
 
 yaml = pytest.importorskip("yaml")

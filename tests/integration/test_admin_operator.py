@@ -26,9 +26,9 @@ from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair
 from tests.integration.proxy_helpers import outcome, sessions
 
-from mailsluice import ctl_cli
-from mailsluice.cli import build_parser
-from mailsluice.fairconfig import TenantGroup
+from mailsluice.cli import ctl as ctl_cli
+from mailsluice.cli.main import build_parser
+from mailsluice.settings.fair import TenantGroup
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.asyncio

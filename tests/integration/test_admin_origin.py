@@ -29,9 +29,9 @@ import pytest
 from tests.integration.admin_helpers import TOKEN, admin_port, admin_settings
 from tests.integration.conftest import ProxyFactory
 
-from mailsluice.config import ConfigError, settings_from_mapping
 from mailsluice.runtime.admin.http import AdminServer, Request, Response, Router
-from mailsluice.runtime.localaddrs import interface_addresses
+from mailsluice.runtime.net.localaddrs import interface_addresses
+from mailsluice.settings.config import ConfigError, settings_from_mapping
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
@@ -273,7 +273,7 @@ async def test_probes_need_no_token_and_the_rest_does(
 def test_admin_allowed_hosts_needs_a_restart() -> None:
     """Read when the admin server starts (with ``--workers N`` in the helper process,
     which does not reload): a reload says so rather than ignoring it."""
-    from mailsluice.reloadplan import reload_plan
+    from mailsluice.settings.reloadplan import reload_plan
 
     base = settings_from_mapping({"admin_listen": "127.0.0.1:9325"})
     changed = replace(base, admin_allowed_hosts=("admin.example.net",))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.cli import main
+from mailsluice.cli.main import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -40,7 +40,7 @@ from tests.integration.admin_helpers import (
 from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair
 
-from mailsluice.fairconfig import TenantGroup
+from mailsluice.settings.fair import TenantGroup
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.asyncio

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.logplace import (
+from mailsluice.settings.logplace import (
     DEFAULT_LOG,
     DEFAULT_LOG_DIR,
     NoLogPlace,

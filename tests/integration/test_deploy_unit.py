@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.cli import build_parser
-from mailsluice.config import Settings
-from mailsluice.logplace import DEFAULT_LOG_DIR
+from mailsluice.cli.main import build_parser
+from mailsluice.settings.config import Settings
+from mailsluice.settings.logplace import DEFAULT_LOG_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_the_sandbox_rates_ok(tmp_path: Path) -> None:
 
 def test_the_unit_matches_the_product() -> None:
     service = _service()
-    assert service["Type"] == ["notify"]  # mailsluice.runtime.sdnotify
+    assert service["Type"] == ["notify"]  # mailsluice.runtime.process.sdnotify
     assert service["NotifyAccess"] == ["main"]
     # what it runs is a real command line of mailsluice's
     [command] = service["ExecStart"]

@@ -24,7 +24,7 @@ from tests.support.milters import (
     rspamd_milter,
 )
 
-from mailsluice.plugins.settings import FilteringSettings, FilterSpec
+from mailsluice.settings.filters import FilteringSettings, FilterSpec
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration

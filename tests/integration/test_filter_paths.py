@@ -15,7 +15,7 @@ import pytest
 from tests.integration.proxy_helpers import connect, greet, sessions, transcript_of
 
 from mailsluice.filtering.message import split_header
-from mailsluice.plugins.settings import FilteringSettings, FilterSpec
+from mailsluice.settings.filters import FilteringSettings, FilterSpec
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 
@@ -170,7 +170,7 @@ async def test_mx_refusing_all_recipients_gets_554_without_filtering(proxy_facto
 
 async def test_the_whole_chain_has_a_budget(proxy_factory, monkeypatch) -> None:
     # each filter within its own timeout, the two together over the chain's budget
-    monkeypatch.setattr("mailsluice.runtime.filterjob.MAX_FILTER_TIMEOUT", 0.6)
+    monkeypatch.setattr("mailsluice.runtime.session.filterjob.MAX_FILTER_TIMEOUT", 0.6)
     settings = filters(
         scripted("accept", delay=0.4, name="first"),
         scripted("accept", delay=0.4, name="second"),

@@ -12,10 +12,10 @@ import pytest
 from redis import asyncio as aioredis
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
-from mailsluice.config import settings_from_mapping
 from mailsluice.policy.deferrals import default_rules
 from mailsluice.runtime.fleet.penalties import SharedPenalties
 from mailsluice.runtime.sources import SourceSelector
+from mailsluice.settings.config import settings_from_mapping
 
 pytestmark = pytest.mark.integration
 

@@ -25,10 +25,11 @@ LINT = Path(sys.executable).with_name("lint-imports")
 #: (file under src/mailsluice, the planted line, what the contract's output must say)
 PLANTS = (
     ("smtp/lines.py", "import os", "mailsluice.smtp.lines imports os"),
-    ("relay/state.py", "import mailsluice.logplace",
-     "mailsluice.relay.state imports mailsluice.logplace"),
+    ("relay/state.py", "import mailsluice.settings.logplace",
+     "mailsluice.relay.state imports mailsluice.settings.logplace"),
     ("policy/learned.py", "import dns.resolver", "mailsluice.policy.learned imports dns"),
-    ("config.py", "import mailsluice.runtime", "mailsluice.config -> mailsluice.runtime"),
+    ("settings/config.py", "import mailsluice.runtime",
+     "mailsluice.settings.config -> mailsluice.runtime"),
     ("filtering/api.py", "import mailsluice.runtime",
      "mailsluice.filtering.api -> mailsluice.runtime"),
 )  # fmt: skip

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.runtime.listener import listening_sockets
+from mailsluice.runtime.net.listener import listening_sockets
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice.settings.config import HostPort, Settings
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

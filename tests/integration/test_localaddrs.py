@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.runtime.localaddrs import LOOPBACK, interface_addresses, local_networks
+from mailsluice.runtime.net.localaddrs import LOOPBACK, interface_addresses, local_networks
 
 pytestmark = pytest.mark.integration
 

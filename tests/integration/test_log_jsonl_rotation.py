@@ -18,7 +18,7 @@ from mailsluice.relay.records import (
 from mailsluice.sessionlog import LogWriter, list_sessions, session_with_transcript
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import SessionLogError
-from mailsluice.sessionlog.jsonl import JsonlBackend, read_objects, rotated_files
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend, read_objects, rotated_files
 
 pytestmark = pytest.mark.integration
 

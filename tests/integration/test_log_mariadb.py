@@ -13,13 +13,13 @@ from tests.support.log_corpus import T0, chunk, closed, corpus, opened, txn, wri
 from tests.support.mariadb import MariaDbServer
 
 from mailsluice.relay.records import Record
-from mailsluice.sessionlog import mysql_reader as my_reader
 from mailsluice.sessionlog import reader
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, SessionNotFound
-from mailsluice.sessionlog.mysql import MysqlBackend
-from mailsluice.sessionlog.mysql_schema import SCHEMA_VERSION
-from mailsluice.sessionlog.sqlite import SqliteBackend
+from mailsluice.sessionlog.mysql import reader as my_reader
+from mailsluice.sessionlog.mysql.schema import SCHEMA_VERSION
+from mailsluice.sessionlog.mysql.writer import MysqlBackend
+from mailsluice.sessionlog.sqlite.writer import SqliteBackend
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ from tests.support.postgres import PgServer
 
 from mailsluice.relay.records import Record
 from mailsluice.sessionlog import LogWriter, reader
-from mailsluice.sessionlog import postgres_reader as pg_reader
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import LogReadError, SessionLogError, SessionNotFound
-from mailsluice.sessionlog.postgres import PostgresBackend
-from mailsluice.sessionlog.postgres_schema import SCHEMA_VERSION
-from mailsluice.sessionlog.sqlite import SqliteBackend
+from mailsluice.sessionlog.postgres import reader as pg_reader
+from mailsluice.sessionlog.postgres.schema import SCHEMA_VERSION
+from mailsluice.sessionlog.postgres.writer import PostgresBackend
+from mailsluice.sessionlog.sqlite.writer import SqliteBackend
 
 pytestmark = pytest.mark.integration
 

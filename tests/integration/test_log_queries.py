@@ -18,9 +18,9 @@ from tests.support.log_corpus import write
 from tests.support.query_corpus import CASES, NOW, Case, records
 
 from mailsluice.sessionlog.cli_commands import build_filter, print_sessions
-from mailsluice.sessionlog.jsonl import JsonlBackend
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
 from mailsluice.sessionlog.reader import list_sessions
-from mailsluice.sessionlog.sqlite import SqliteBackend
+from mailsluice.sessionlog.sqlite.writer import SqliteBackend
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +49,12 @@ def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url = f"jsonl:{tmp_path}/log.jsonl"
     elif request.param == "postgresql":
         url = request.getfixturevalue("pg_database")
-        from mailsluice.sessionlog.postgres import PostgresBackend
+        from mailsluice.sessionlog.postgres.writer import PostgresBackend
 
         backend = PostgresBackend(url)
     else:
         url = request.getfixturevalue("mariadb_database")
-        from mailsluice.sessionlog.mysql import MysqlBackend
+        from mailsluice.sessionlog.mysql.writer import MysqlBackend
 
         backend = MysqlBackend(url)
     write(backend, records(), 4)  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ from tests.integration.proxy_helpers import connect, greet, log_url
 from tests.integration.test_log_webhook import serve as webhook_server
 from tests.support import postgres as pg_support
 
-from mailsluice.plugins.settings import PluginSpec
 from mailsluice.sessionlog.reader import list_sessions, transcript
+from mailsluice.settings.filters import PluginSpec
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX

@@ -32,11 +32,11 @@ from tests.integration.fair_helpers import (
 from tests.integration.proxy_helpers import FAST_TIMEOUTS, outcome, run_tool
 from tests.integration.test_tls_policy_matrix import FAULTS, rule, send_one
 
-from mailsluice.config import HostPort, settings_from_mapping
-from mailsluice.fairconfig import FairSettings, TenantGroup
 from mailsluice.policy.learned import LimitRules
 from mailsluice.policy.tls.model import Level
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.config import HostPort, settings_from_mapping
+from mailsluice.settings.fair import FairSettings, TenantGroup
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX

@@ -44,11 +44,11 @@ from tests.integration.proxy_helpers import outcome, sessions, transactions, tra
 from tests.integration.test_metrics import samples, value
 from tests.support.certs import server_context
 
-from mailsluice.config import settings_from_mapping
-from mailsluice.fairconfig import TenantGroup
 from mailsluice.relay.records import CLOSE_REASONS
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.config import settings_from_mapping
+from mailsluice.settings.fair import TenantGroup
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.client import RawSMTPClient
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.mx import ScriptedMX

@@ -16,8 +16,8 @@ from tests.support.dns_responder_sts import DnsResponder
 from tests.support.https_server import HttpsServer, Reply
 
 from mailsluice.policy.tls.model import Result, StsMode
-from mailsluice.runtime.mtasts import MtaSts
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.runtime.tls.mtasts import MtaSts
+from mailsluice.settings.tls import TlsSettings
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tests.perf import session_shell_cost
 
-from mailsluice.runtime.mxleg import MxLeg
+from mailsluice.runtime.session.mxleg import MxLeg
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 from tests.perf import tls_handshake_cost as bench
 from tests.perf.bench_pki import write_pki
 
-from mailsluice.runtime.tls import ChainVerifier
+from mailsluice.runtime.tls.contexts import ChainVerifier
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from mailsluice.config import ConfigError, settings_from_mapping
 from mailsluice.plugins.build import BuildError, build_filter_chain, build_watchers
 from mailsluice.plugins.loader import PluginLoadError, hooks_of, load_plugin
 from mailsluice.plugins.observer import PluginSink
@@ -18,6 +17,7 @@ from mailsluice.relay.records import (
     TransactionEnded,
     TranscriptChunk,
 )
+from mailsluice.settings.config import ConfigError, settings_from_mapping
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from mailsluice import cli
+from mailsluice.cli import main as cli
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +89,7 @@ def test_no_module_of_the_product_imports_the_lab() -> None:
 
 def test_the_cli_does_not_load_the_lab_to_build_its_parser() -> None:
     probe = (
-        "import sys; from mailsluice import cli; cli.build_parser(); "
+        "import sys; from mailsluice.cli import main as cli; cli.build_parser(); "
         "print(sorted(m for m in sys.modules if m.startswith('mailsluice_lab')))"
     )
     done = subprocess.run(

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from tests.integration.proxy_helpers import connect, greet, sessions, transcript_of, wait_until
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.fairconfig import FairSettings
-from mailsluice.runtime import handler
-from mailsluice.runtime.clienttls import CERT_NAME
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.runtime.session import handler
+from mailsluice.runtime.tls.client import CERT_NAME
+from mailsluice.settings.config import HostPort, Settings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.client import RawSMTPClient, data_block
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX

@@ -32,7 +32,7 @@ from tests.integration.fair_helpers import (
 )
 from tests.integration.proxy_helpers import FAST_TIMEOUTS, WAIT, wait_until
 
-from mailsluice.fairconfig import FairSettings, parse
+from mailsluice.settings.fair import FairSettings, parse
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.mx import ScriptedMX
 

@@ -31,13 +31,13 @@ import pytest
 from tests.integration.fair_helpers import fair, tenant
 from tests.integration.proxy_helpers import WAIT, connect, sessions, wait_until
 
-from mailsluice.fairconfig import FairSettings
-from mailsluice.plugins.settings import FilteringSettings, FilterSpec
 from mailsluice.policy.learned import LimitRules
 from mailsluice.policy.tls.model import Level, TlsPolicyRule
 from mailsluice.relay.config import BareNewlinePolicy
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.filters import FilteringSettings, FilterSpec
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.client import RawSMTPClient, Reply, data_block
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX

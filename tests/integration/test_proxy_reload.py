@@ -14,12 +14,12 @@ import pytest
 from tests.integration.conftest import ProxyFactory
 from tests.integration.proxy_helpers import connect
 
-from mailsluice.config import ConfigError, HostPort, Settings
-from mailsluice.fairconfig import FairSettings
-from mailsluice.plugins.settings import FilterSpec
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice.settings.config import ConfigError, HostPort, Settings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.filters import FilterSpec
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -249,7 +249,7 @@ async def test_a_renewed_client_certificate_is_served_after_a_reload(
 
     import trustme
 
-    from mailsluice.tlsconfig import TlsSettings
+    from mailsluice.settings.tls import TlsSettings
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     first, second = trustme.CA(), trustme.CA()

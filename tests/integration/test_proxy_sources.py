@@ -18,7 +18,7 @@ from tests.integration.fair_helpers import Sending, fair, results_of, session, t
 from tests.integration.proxy_helpers import FAST_TIMEOUTS, outcome, wait_until
 
 from mailsluice.runtime.server import Proxy
-from mailsluice.sourceconfig import SourceSettings, parse
+from mailsluice.settings.sources import SourceSettings, parse
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.mx import ScriptedMX
 

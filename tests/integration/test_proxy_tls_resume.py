@@ -27,10 +27,10 @@ from tests.integration.proxy_helpers import connect, greet, sessions, transcript
 from tests.integration.test_runtime_tls import _Pki
 
 from mailsluice.policy.tls.model import TlsFacts
-from mailsluice.runtime import tls
-from mailsluice.runtime.mxleg import MxLeg
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.runtime.session.mxleg import MxLeg
+from mailsluice.runtime.tls import contexts as tls
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 

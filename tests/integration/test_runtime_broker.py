@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.broker import Broker, BrokerClient, broker_address
-from mailsluice.runtime.scheduler import Close, DestKey, Failed, Order, Take, numbered
+from mailsluice.runtime.fair.broker import Broker, BrokerClient, broker_address
+from mailsluice.scheduling.scheduler import Close, DestKey, Failed, Order, Take, numbered
 
 pytestmark = pytest.mark.integration
 

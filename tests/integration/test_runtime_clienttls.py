@@ -15,11 +15,11 @@ import trustme
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from mailsluice.config import ConfigError, HostPort, Settings
 from mailsluice.relay.config import RelayConfig
-from mailsluice.runtime import clienttls
-from mailsluice.runtime.clienttls import CERT_NAME, KEY_NAME, server_context
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.runtime.tls import client as clienttls
+from mailsluice.runtime.tls.client import CERT_NAME, KEY_NAME, server_context
+from mailsluice.settings.config import ConfigError, HostPort, Settings
+from mailsluice.settings.tls import TlsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -159,7 +159,7 @@ def test_an_unusable_place_names_the_fix(tmp_path: Path) -> None:
 def test_check_config_loads_the_operators_pair_and_makes_no_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mailsluice.cli import main
+    from mailsluice.cli.main import main
 
     missing = tmp_path / "nowhere.pem"
     config = tmp_path / "mailsluice.toml"

@@ -3,7 +3,6 @@ closes, teardown, the write-deadline timer."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
@@ -16,10 +15,10 @@ from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
 from mailsluice.policy.limits import Caps
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.runtime.admission import Admission
-from mailsluice.runtime.handler import ConnectionHandler
-from mailsluice.runtime.linger import LINGER_BYTES
+from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.session.handler import ConnectionHandler
+from mailsluice.runtime.session.linger import LINGER_BYTES
 from mailsluice.sessionlog.threadwriter import NullWriter
 
 pytestmark = pytest.mark.integration
@@ -175,20 +174,3 @@ async def test_teardown_closes_both_transports(tmp_path: Path) -> None:
         session.mx.transport = server  # type: ignore[assignment]
     assert client.events == ["close"]
     assert server.events == ["close"]
-
-
-async def test_timer_rearms_while_the_mx_is_not_reading(tmp_path: Path) -> None:
-    server = _FakeTransport()
-    with _session(tmp_path, _FakeTransport()) as session:
-        session.mx.transport = server  # type: ignore[assignment]
-        loop = asyncio.get_running_loop()
-        session._server_blocked = True
-        session._write_deadline = loop.time() + 60
-        session._deadline = loop.time() + 30  # extended since the timer was set
-        session._timer_fired()
-        assert session._timer is not None
-        assert session._timer.when() == pytest.approx(session._deadline)
-        session._write_deadline = loop.time() + 10
-        session._timer.cancel()
-        session._timer_fired()
-        assert session._timer.when() == pytest.approx(session._write_deadline)

@@ -20,7 +20,7 @@ from tests.integration.proxy_helpers import (
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
-from mailsluice.runtime import mxleg
+from mailsluice.runtime.session import mxleg
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message
 from mailsluice_lab.peers.mx import ScriptedMX

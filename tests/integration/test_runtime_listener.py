@@ -16,7 +16,7 @@ from tests.integration.proxy_helpers import (
 )
 from tests.integration.runtime_helpers import LOOPBACK
 
-from mailsluice.runtime import listener
+from mailsluice.runtime.net import listener
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import errno
 
 import pytest
 
-from mailsluice.runtime import origdst
-from mailsluice.runtime.origdst import OriginalDestinationError
+from mailsluice.runtime.net import origdst
+from mailsluice.runtime.net.origdst import OriginalDestinationError
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,9 @@ from tests.integration.proxy_helpers import (
 )
 from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
 
-from mailsluice.runtime import mxleg, origdst
+from mailsluice.runtime.net import origdst
 from mailsluice.runtime.server import Proxy
+from mailsluice.runtime.session import mxleg
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 

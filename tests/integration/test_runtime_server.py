@@ -26,13 +26,13 @@ from tests.integration.proxy_helpers import (
 )
 from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
 
-from mailsluice.config import HostPort
 from mailsluice.policy.limits import Caps
 from mailsluice.relay.records import Record
-from mailsluice.runtime.admission import Admission
+from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.server import Proxy
 from mailsluice.runtime.services import Services
 from mailsluice.sessionlog.threadwriter import LogWriter, NullWriter
+from mailsluice.settings.config import HostPort
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
@@ -138,7 +138,7 @@ def test_serve_runs_on_plain_asyncio_without_uvloop(tmp_path: Path) -> None:
         """
         import sys
         sys.modules["uvloop"] = None  # as if it were not installed
-        from mailsluice.config import HostPort, Settings
+        from mailsluice.settings.config import HostPort, Settings
         from mailsluice.runtime.server import _run_one
         settings = Settings(listen=HostPort("127.0.0.1", 0), upstream=HostPort("127.0.0.1", 9),
                             log="none:")

@@ -17,7 +17,7 @@ from tests.integration.proxy_helpers import (
     sessions,
 )
 
-from mailsluice.runtime import tls
+from mailsluice.runtime.tls import contexts as tls
 from mailsluice_lab.peers.ledger import make_message
 from mailsluice_lab.peers.mx import ScriptedMX
 

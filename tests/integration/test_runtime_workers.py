@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.runtime import workers
+from mailsluice.runtime.process import workers
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def test_a_worker_failing_at_start_stops_the_supervisor(tmp_path: Path) -> None:
         f"""
         import os, signal, time
         from pathlib import Path
-        from mailsluice.runtime.workers import supervise
+        from mailsluice.runtime.process.workers import supervise
         here = Path({str(tmp_path)!r})
         def work(number=0):
             try:
@@ -55,7 +55,7 @@ def test_a_worker_stopped_right_after_fork_stops(tmp_path: Path) -> None:
     done = _python(
         f"""
         import os, signal
-        from mailsluice.runtime import workers
+        from mailsluice.runtime.process import workers
         supervisor = os.getpid()
         real_signal = signal.signal
         def stop_arrives_now(signum, handler):
@@ -84,7 +84,7 @@ def test_a_worker_that_exits_is_restarted_then_all_stop_on_sigterm(tmp_path: Pat
         f"""
         import os, signal
         from pathlib import Path
-        from mailsluice.runtime.workers import supervise
+        from mailsluice.runtime.process.workers import supervise
         marker = Path({str(marker)!r})
         def work(number=0):
             with marker.open("a") as f:
@@ -107,7 +107,7 @@ def test_supervisor_ignores_children_that_are_not_workers() -> None:
     done = _python(
         """
         import os, signal, subprocess, time
-        from mailsluice.runtime.workers import supervise
+        from mailsluice.runtime.process.workers import supervise
         foreign = subprocess.Popen(["sleep", "0.1"])  # not a worker: its exit is ignored
         def work(number=0):
             time.sleep(0.5)
@@ -125,7 +125,7 @@ def test_supervisor_returns_when_its_workers_were_reaped_elsewhere() -> None:
     done = _python(
         """
         import signal, time
-        from mailsluice.runtime.workers import supervise
+        from mailsluice.runtime.process.workers import supervise
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child
         def work(number=0):
             time.sleep(0.2)
@@ -140,7 +140,7 @@ def test_worker_asks_to_be_stopped_with_its_supervisor() -> None:
     done = _python(
         """
         import ctypes, os, signal, sys
-        from mailsluice.runtime.workers import _stop_with_parent
+        from mailsluice.runtime.process.workers import _stop_with_parent
         _stop_with_parent(os.getppid())
         libc = ctypes.CDLL(None, use_errno=True)
         value = ctypes.c_int(0)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.runtime.sdnotify import message, notify, socket_address
+from mailsluice.runtime.process.sdnotify import message, notify, socket_address
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration

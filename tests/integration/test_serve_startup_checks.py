@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.config import settings_from_mapping
 from mailsluice.runtime.startup import check
+from mailsluice.settings.config import settings_from_mapping
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

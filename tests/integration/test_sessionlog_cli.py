@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.cli import main
+from mailsluice.cli.main import main
 from mailsluice.relay.records import (
     Direction,
     Record,

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from mailsluice.sessionlog.sqlite.writer import _SCHEMA_V1
 from tests.support import mariadb as mariadb_support
 from tests.support import postgres as pg_support
 from tests.support.log_corpus import write as write_to
@@ -17,7 +18,6 @@ from tests.support.log_session import T0, session
 from mailsluice.relay.records import Record, SessionClosed
 from mailsluice.sessionlog import list_sessions, open_log
 from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
-from mailsluice.sessionlog.sqlite import _SCHEMA_V1
 
 pytestmark = pytest.mark.integration
 
@@ -56,12 +56,12 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
 def test_client_tls_in_the_databases(request: pytest.FixtureRequest, backend: str) -> None:
     if backend == "postgresql":
-        from mailsluice.sessionlog.postgres import PostgresBackend
+        from mailsluice.sessionlog.postgres.writer import PostgresBackend
 
         url = request.getfixturevalue("pg_database")
         write_to(PostgresBackend(url), _both(), 10)
     else:
-        from mailsluice.sessionlog.mysql import MysqlBackend
+        from mailsluice.sessionlog.mysql.writer import MysqlBackend
 
         url = request.getfixturevalue("mariadb_database")
         write_to(MysqlBackend(url), _both(), 10)

@@ -18,8 +18,8 @@ from tests.support.log_corpus import T0, chunk, closed, opened, write
 from mailsluice.relay.records import Record
 from mailsluice.sessionlog import list_sessions
 from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.sqlite import SCHEMA_VERSION, SqliteBackend
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
+from mailsluice.sessionlog.sqlite.writer import SCHEMA_VERSION, SqliteBackend
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from mailsluice.relay.records import (
 )
 from mailsluice.sessionlog import LogReadError, list_sessions, transcript
 from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
-from mailsluice.sessionlog.jsonl import JsonlBackend, read_objects
-from mailsluice.sessionlog.sqlite import (
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend, read_objects
+from mailsluice.sessionlog.sqlite.writer import (
     SCHEMA_VERSION,
     SqliteBackend,
     open_readonly,

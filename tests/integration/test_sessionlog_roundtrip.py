@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
+from mailsluice.sessionlog.sqlite.writer import SCHEMA_VERSION, SqliteBackend
 from tests.support.log_session import T0, session
 
 from mailsluice.relay.records import (
@@ -25,8 +27,6 @@ from mailsluice.sessionlog import (
     session_with_transcript,
     transcript,
 )
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.sqlite import SCHEMA_VERSION, SqliteBackend
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from mailsluice.relay.records import (
     TransactionEnded,
 )
 from mailsluice.sessionlog import SessionLogError, list_sessions
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.sqlite import (
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
+from mailsluice.sessionlog.sqlite.writer import (
     SqliteBackend,
     create_private_file,
 )

@@ -21,8 +21,8 @@ from tests.support.https_server import HttpsServer
 from tests.support.tlschains import chain_of, tlsa
 
 from mailsluice.policy.tls.report import day_of
-from mailsluice.runtime.tlsrpt_store import read_day
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.runtime.tls.rpt_store import read_day
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 

@@ -25,7 +25,7 @@ from tests.support.certs import (
 )
 
 from mailsluice.policy.tls.model import Level, TlsPolicyRule
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 

@@ -26,10 +26,10 @@ from mailsluice.policy.tls.model import (
     StsMode,
     StsPolicy,
 )
-from mailsluice.runtime.tlsdns import TlsDns
-from mailsluice.runtime.tlspolicies import TlsPolicyService
-from mailsluice.tlsconfig import TlsSettings, parse
-from mailsluice.tlsconfig import parse as parse_tls
+from mailsluice.runtime.tls.dns import TlsDns
+from mailsluice.runtime.tls.policies import TlsPolicyService
+from mailsluice.settings.tls import TlsSettings, parse
+from mailsluice.settings.tls import parse as parse_tls
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from tests.support.certs import server_context
 from tests.support.dns_responder_sts import DnsResponder
 from tests.support.https_server import HttpsServer, Reply
 
-from mailsluice.cli import main
+from mailsluice.cli.main import main
 from mailsluice.policy.tls.model import Level, Policy, Result, Source, Verdict
 from mailsluice.policy.tls.report import day_bounds
-from mailsluice.runtime.tlsrpt_store import TlsRptStore, read_day
+from mailsluice.runtime.tls.rpt_store import TlsRptStore, read_day
 
 pytestmark = pytest.mark.integration
 

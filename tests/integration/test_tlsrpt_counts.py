@@ -23,10 +23,10 @@ from tests.integration.test_tls_discovery_proxy import (
 from tests.support.dnsserver import DnsServer
 from tests.support.tlschains import chain_of, tlsa
 
-from mailsluice.cli import main
+from mailsluice.cli.main import main
 from mailsluice.policy.tls.report import day_of
-from mailsluice.runtime.tlsrpt_store import read_day
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.runtime.tls.rpt_store import read_day
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mailsluice.relay.actions import UpstreamState
-from mailsluice.runtime.upstreampool import Pooled, UpstreamPool
+from mailsluice.runtime.fair.pool import Pooled, UpstreamPool
 from mailsluice.smtp.replies import Reply
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,7 @@ from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import Record
 from mailsluice.sessionlog.pipe import URL_VARIABLE, frame
-from mailsluice.sessionlog.sqlite import SqliteBackend
+from mailsluice.sessionlog.sqlite.writer import SqliteBackend
 from mailsluice_lab.bench.relay_core import BODY, CLIENT, SERVER
 
 BATCH = 20  # sessions per frame: ~50 ms of the proxy at 400 sessions/s

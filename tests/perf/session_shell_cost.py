@@ -21,15 +21,15 @@ import ipaddress
 import time
 from typing import Any
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.limits import Caps
 from mailsluice.relay import events as ev
-from mailsluice.runtime import handler as connection
-from mailsluice.runtime.admission import Admission
-from mailsluice.runtime.mxleg import MxLeg
+from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.session import handler as connection
+from mailsluice.runtime.session.mxleg import MxLeg
 from mailsluice.sessionlog.threadwriter import NullWriter
+from mailsluice.settings.config import HostPort, Settings
+from mailsluice.settings.fair import FairSettings
 from mailsluice_lab.bench.relay_core import BODY, CLIENT, SERVER
 
 

@@ -46,15 +46,15 @@ from typing import Any
 
 from tests.perf.bench_pki import write_pki
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.limits import Caps
 from mailsluice.relay import events as ev
-from mailsluice.runtime.admission import Admission
-from mailsluice.runtime.mxleg import MxLeg
+from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.services import Services
-from mailsluice.runtime.tls import ChainVerifier
+from mailsluice.runtime.session.mxleg import MxLeg
+from mailsluice.runtime.tls.contexts import ChainVerifier
 from mailsluice.sessionlog.threadwriter import NullWriter
+from mailsluice.settings.config import HostPort, Settings
+from mailsluice.settings.fair import FairSettings
 from mailsluice_lab.bench.starttls_front import server_context
 from mailsluice_lab.processes import tree_cpu_seconds
 

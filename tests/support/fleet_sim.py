@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mailsluice.fleetconfig import parse_shared_state
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.fleet.join import join
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
-from mailsluice.runtime.orders import Close, Declined, DestKey, Failed, Order, Take
-from mailsluice.runtime.scheduler import LocalScheduler
+from mailsluice.scheduling.orders import Close, Declined, DestKey, Failed, Order, Take
+from mailsluice.scheduling.scheduler import LocalScheduler
+from mailsluice.settings.fleet import parse_shared_state
 
 KEY: DestKey = ("192.0.2.1", "198.51.100.25", 25)
 

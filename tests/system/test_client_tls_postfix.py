@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from tests.support.postfix_msa import PostfixMSA, missing
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.fairconfig import FairSettings
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog import list_sessions
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.config import HostPort, Settings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = [

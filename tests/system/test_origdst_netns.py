@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tests.system.netns import PROXY_PORT, require
 
-from mailsluice.runtime.origdst import OriginalDestinationError, original_destination
+from mailsluice.runtime.net.origdst import OriginalDestinationError, original_destination
 from mailsluice_lab.netns.plumbing import NetnsError, namespaces, sh
 from mailsluice_lab.netns.processes import spawn
 from mailsluice_lab.netns.topologies import gateway
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 
 ACCEPTOR = """
 import json, socket, sys
-from mailsluice.runtime.origdst import original_destination
+from mailsluice.runtime.net.origdst import original_destination
 count, dual = int(sys.argv[1]), sys.argv[2] == "dual"
 server = socket.socket(socket.AF_INET6 if dual else socket.AF_INET)
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -86,7 +86,7 @@ def test_dual_stack_socket_reads_mapped_ipv4_and_ipv6(tmp_path: Path) -> None:
 
 PLAIN = """
 import json, socket
-from mailsluice.runtime.origdst import original_destination
+from mailsluice.runtime.net.origdst import original_destination
 out = []
 for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
     server = socket.socket(family)

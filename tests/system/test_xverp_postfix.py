@@ -25,10 +25,10 @@ from tests.support.certs import make_pki
 from tests.support.postfix_msa import PostfixMSA, free_loopback_address, missing
 from tests.support.postfix_mx import PostfixMX
 
-from mailsluice.config import HostPort, Settings
-from mailsluice.fairconfig import FairSettings
 from mailsluice.runtime.server import Proxy
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.config import HostPort, Settings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.listclient import send_list
 from mailsluice_lab.peers.listoutcome import Status, verp_address
 from mailsluice_lab.peers.mx import ScriptedMX

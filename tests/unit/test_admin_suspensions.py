@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mailsluice.ctl_cli import CtlError, Sample, parse_duration, render_frame
+from mailsluice.cli.ctl import CtlError, Sample, parse_duration, render_frame
 from mailsluice.runtime.admin.http import Request, Response, Router
 from mailsluice.runtime.admin.live import valid_session_id
 from mailsluice.runtime.suspensions import (

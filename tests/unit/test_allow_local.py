@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.cli import build_parser, settings_from_args
-from mailsluice.config import ConfigError, Settings, load_file, settings_from_mapping
+from mailsluice.cli.main import build_parser, settings_from_args
 from mailsluice.policy import access
-from mailsluice.runtime.localaddrs import LOOPBACK, allowed_networks
+from mailsluice.runtime.net.localaddrs import LOOPBACK, allowed_networks
+from mailsluice.settings.config import ConfigError, Settings, load_file, settings_from_mapping
 
 pytestmark = pytest.mark.unit
 

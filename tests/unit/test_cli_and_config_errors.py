@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from mailsluice.cli import build_parser, main, settings_from_args
-from mailsluice.config import ConfigError, settings_from_mapping
+from mailsluice.cli.main import build_parser, main, settings_from_args
+from mailsluice.settings.config import ConfigError, settings_from_mapping
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mailsluice.cli import build_parser, settings_from_args
+from mailsluice.cli.main import build_parser, settings_from_args
 
 
 def test_no_fair_sharing_flag_turns_fair_sharing_off() -> None:

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from mailsluice.cli import build_parser
+from mailsluice.cli.main import build_parser
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.cli import build_parser, main, settings_from_args
-from mailsluice.config import ConfigError, HostPort, Settings, load_file, parse_host_port
+from mailsluice.cli.main import build_parser, main, settings_from_args
 from mailsluice.relay.config import BareNewlinePolicy, TlsMode
+from mailsluice.settings.config import ConfigError, HostPort, Settings, load_file, parse_host_port
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mailsluice.config import TOP_KEYS, ConfigError, settings_from_mapping
+from mailsluice.settings.config import TOP_KEYS, ConfigError, settings_from_mapping
 
 pytestmark = pytest.mark.unit
 

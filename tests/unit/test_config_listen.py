@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.cli import build_parser, settings_from_args
-from mailsluice.config import ConfigError, HostPort, Settings, load_file, settings_from_mapping
+from mailsluice.cli.main import build_parser, settings_from_args
+from mailsluice.settings.config import (
+    ConfigError,
+    HostPort,
+    Settings,
+    load_file,
+    settings_from_mapping,
+)
 
 pytestmark = pytest.mark.unit
 

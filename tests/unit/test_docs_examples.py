@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice.config import settings_from_mapping
+from mailsluice.settings.config import settings_from_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "configuration.md", ROOT / "docs" / "operations.md"]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from mailsluice.config import ConfigError, settings_from_mapping
-from mailsluice.fairconfig import FairSettings
 from mailsluice.policy.deferrals import DeferralClass, Response
 from mailsluice.policy.destrules import DestinationRule
+from mailsluice.settings.config import ConfigError, settings_from_mapping
+from mailsluice.settings.fair import FairSettings
 
 pytestmark = pytest.mark.unit
 

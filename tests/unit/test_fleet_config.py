@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mailsluice.config import ConfigError, settings_from_mapping
-from mailsluice.fleetconfig import parse_shared_state
+from mailsluice.settings.config import ConfigError, settings_from_mapping
+from mailsluice.settings.fleet import parse_shared_state
 
 pytestmark = pytest.mark.unit
 

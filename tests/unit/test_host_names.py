@@ -12,7 +12,7 @@ import contextlib
 import pytest
 
 from mailsluice.policy.destrules import DestinationRule
-from mailsluice.runtime.names import HostNames
+from mailsluice.runtime.fair.names import HostNames
 
 pytestmark = pytest.mark.unit
 

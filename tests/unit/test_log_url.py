@@ -17,9 +17,9 @@ from mailsluice.sessionlog.codec import (
     parse_log_url,
 )
 from mailsluice.sessionlog.interfaces import NullBackend
-from mailsluice.sessionlog.jsonl import JsonlBackend
-from mailsluice.sessionlog.mysql_url import parse_mysql_url
-from mailsluice.sessionlog.sqlite import SqliteBackend
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
+from mailsluice.sessionlog.mysql.url import parse_mysql_url
+from mailsluice.sessionlog.sqlite.writer import SqliteBackend
 from mailsluice.sessionlog.webhook import WebhookBackend
 
 pytestmark = pytest.mark.unit

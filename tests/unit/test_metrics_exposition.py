@@ -11,13 +11,19 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mailsluice.config import ConfigError, HostPort, Settings, check_admin, settings_from_mapping
 from mailsluice.policy.deferrals import default_rules
 from mailsluice.runtime.admin.collect import SchedulerCollector
 from mailsluice.runtime.admin.host import read_token
 from mailsluice.runtime.admin.multiproc import restarts_counter
-from mailsluice.runtime.meters import TenantWaits
 from mailsluice.runtime.metrics import Metrics
+from mailsluice.scheduling.meters import TenantWaits
+from mailsluice.settings.config import (
+    ConfigError,
+    HostPort,
+    Settings,
+    check_admin,
+    settings_from_mapping,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -281,7 +281,7 @@ def test_only_a_session_that_used_an_mx_counts_for_the_mx_leg() -> None:
 def test_every_bounded_series_exists_from_the_start() -> None:
     from mailsluice.policy.tls.model import TlsPolicyRule
     from mailsluice.relay.records import CLOSE_REASONS
-    from mailsluice.tlsconfig import TlsSettings
+    from mailsluice.settings.tls import TlsSettings
 
     metrics, registry = _recorder()
     rule = TlsPolicyRule(Level.VERIFY, domain="example.org")

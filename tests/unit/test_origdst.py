@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mailsluice.runtime.origdst import (
+from mailsluice.runtime.net.origdst import (
     IP6T_SO_ORIGINAL_DST,
     SO_ORIGINAL_DST,
     SOL_IP,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from mailsluice.config import Settings, settings_from_mapping
-from mailsluice.reloadplan import ReloadPlan, reload_plan, running_settings
+from mailsluice.settings.config import Settings, settings_from_mapping
+from mailsluice.settings.reloadplan import ReloadPlan, reload_plan, running_settings
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.scheduler import DestKey, LocalScheduler, Order, Take
+from mailsluice.scheduling.scheduler import DestKey, LocalScheduler, Order, Take
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.policy.pacing import EPSILON
-from mailsluice.runtime.scheduler import Close, Declined, DestKey, LocalScheduler, Order, Take
+from mailsluice.scheduling.scheduler import Close, Declined, DestKey, LocalScheduler, Order, Take
 
 pytestmark = pytest.mark.unit
 

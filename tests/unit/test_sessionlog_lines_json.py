@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.relay.records import Direction
-from mailsluice.sessionlog.sqlite import lines_json
+from mailsluice.sessionlog.sqlite.writer import lines_json
 
 pytestmark = pytest.mark.unit
 

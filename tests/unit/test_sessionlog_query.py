@@ -13,8 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from mailsluice.runtime.sides import format_address
-from mailsluice.sessionlog import sqlite_reader
+from mailsluice.runtime.session.sides import format_address
 from mailsluice.sessionlog.query import (
     MAX_TIME,
     CodeRange,
@@ -30,7 +29,8 @@ from mailsluice.sessionlog.query import (
     parse_tls,
 )
 from mailsluice.sessionlog.query_sql import MYSQL, POSTGRES, SQLITE, like_pattern, select_sessions
-from mailsluice.sessionlog.sqlite import create_schema
+from mailsluice.sessionlog.sqlite import reader as sqlite_reader
+from mailsluice.sessionlog.sqlite.writer import create_schema
 
 pytestmark = pytest.mark.unit
 

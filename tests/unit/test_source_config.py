@@ -8,9 +8,9 @@ import tomllib
 
 import pytest
 
-from mailsluice.config import ConfigError, Settings, settings_from_mapping
 from mailsluice.policy.sources import SourceAddress, SourcePool, SourceRule
-from mailsluice.sourceconfig import SourceSettings
+from mailsluice.settings.config import ConfigError, Settings, settings_from_mapping
+from mailsluice.settings.sources import SourceSettings
 
 pytestmark = pytest.mark.unit
 

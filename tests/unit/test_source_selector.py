@@ -10,11 +10,11 @@ import tomllib
 
 import pytest
 
-from mailsluice.config import settings_from_mapping
 from mailsluice.policy.deferrals import default_rules
 from mailsluice.policy.sources import SourceAddress
 from mailsluice.runtime.sources import SourceSelector
-from mailsluice.sourceconfig import SourceSettings
+from mailsluice.settings.config import settings_from_mapping
+from mailsluice.settings.sources import SourceSettings
 
 pytestmark = pytest.mark.unit
 

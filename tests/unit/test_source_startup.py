@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from mailsluice.config import ConfigError, Settings
 from mailsluice.runtime.startup import check
-from mailsluice.sourceconfig import parse
+from mailsluice.settings.config import ConfigError, Settings
+from mailsluice.settings.sources import parse
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from mailsluice.config import ConfigError, HostPort, Settings
 from mailsluice.runtime.startup import check
+from mailsluice.settings.config import ConfigError, HostPort, Settings
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ from typing import cast
 import pytest
 import trustme
 
-from mailsluice.runtime import tlsresume
-from mailsluice.runtime.tlsresume import ResumeKey, Resumption, SessionCache, Verdict
+from mailsluice.runtime.tls import resume as tlsresume
+from mailsluice.runtime.tls.resume import ResumeKey, Resumption, SessionCache, Verdict
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mailsluice.policy.tls.model import Level, TlsPolicyRule
 from mailsluice.policy.tls.rules import parse_ip, rule_for
-from mailsluice.tlsconfig import parse
+from mailsluice.settings.tls import parse
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mailsluice.runtime.tlsdns import ad_trusted
-from mailsluice.runtime.tlspolicies import load_anchors
-from mailsluice.tlsconfig import parse_resolver
+from mailsluice.runtime.tls.dns import ad_trusted
+from mailsluice.runtime.tls.policies import load_anchors
+from mailsluice.settings.tls import parse_resolver
 
 pytestmark = pytest.mark.unit
 

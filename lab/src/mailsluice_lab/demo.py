@@ -26,10 +26,10 @@ from email.utils import formatdate
 from pathlib import Path
 from typing import TextIO
 
-from mailsluice.config import HostPort, Settings
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
 from mailsluice.sessionlog.reader import list_sessions
+from mailsluice.settings.config import HostPort, Settings
 from mailsluice_lab.netns.plumbing import NetnsError, unavailable_reason
 from mailsluice_lab.netns.processes import DEMO_MX_HOSTNAME, send_in, start_mx, start_proxy
 from mailsluice_lab.netns.topologies import gateway

@@ -14,10 +14,10 @@ from mailsluice.filtering.api import MessageFilter, Reject
 from mailsluice.filtering.builtin import PatternPolicy, SenderRateLimit, TraceHeader
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.loader import PluginLoadError, has_filter, hooks_of, load_plugin
-from mailsluice.plugins.settings import FilterSpec
+from mailsluice.settings.filters import FilterSpec
 
 if TYPE_CHECKING:
-    from mailsluice.config import Settings
+    from mailsluice.settings.config import Settings
 
 __all__ = ["BuildError", "build_filter", "build_filter_chain", "build_watchers"]
 

@@ -57,6 +57,7 @@ class Account:
         "_lines",
         "_seq",
         "_txn_seq",
+        "_wall",
         "client_tls",
         "connect_to_354_ms",
         "final_code",
@@ -69,8 +70,11 @@ class Account:
         "transaction",
     )  # fmt: skip
 
-    def __init__(self, session_id: str, opened_at: float) -> None:
+    def __init__(self, session_id: str, opened_at: float, wall: float = 0.0) -> None:
+        """``opened_at`` and every later ``now``: the relay's clock, monotonic; ``wall``:
+        what to add to it for the wall-clock times the records carry."""
         self.session_id = session_id
+        self._wall = wall
         self.opened_at = opened_at
         self.helo: str | None = None
         self.tls: tuple[str, str, bool] | None = None  # version, cipher, verified
@@ -89,7 +93,7 @@ class Account:
     ) -> SessionOpened:
         return SessionOpened(
             session_id=self.session_id,
-            at=self.opened_at,
+            at=self.opened_at + self._wall,
             client=client,
             destination=destination,
             source_ip=source_ip,
@@ -99,8 +103,14 @@ class Account:
     def line(self, direction: Direction, text: str, now: float) -> bool:
         """Record one transcript line; True when enough are held to hand them over."""
         self._seq += 1
-        self._lines.append((self._seq, now, direction._value_, text))  # not the slow .value
+        # (the wall-clock time; ``_value_``, not the slow ``.value``)
+        self._lines.append((self._seq, now + self._wall, direction._value_, text))
         return len(self._lines) >= CHUNK_LINES
+
+    @property
+    def opened_wall(self) -> float:
+        """When the session opened, wall-clock time."""
+        return self.opened_at + self._wall
 
     def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
         """The lines not handed over yet (seq, time, direction, text), for a live look."""
@@ -144,8 +154,8 @@ class Account:
         return TransactionEnded(
             session_id=self.session_id,
             seq=self._txn_seq,
-            started_at=txn.started_at,
-            ended_at=now,
+            started_at=txn.started_at + self._wall,
+            ended_at=now + self._wall,
             mail_from=txn.mail_from,
             rcpt_to=tuple(txn.rcpt_to),
             accepted_rcpt_to=tuple(txn.accepted),
@@ -159,7 +169,7 @@ class Account:
         tls, client_tls = self.tls, self.client_tls
         return SessionClosed(
             session_id=self.session_id,
-            at=now,
+            at=now + self._wall,
             helo=self.helo,
             tls_version=tls[0] if tls else None,
             tls_cipher=tls[1] if tls else None,

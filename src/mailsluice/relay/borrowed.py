@@ -56,6 +56,7 @@ from mailsluice.relay.state import (
     Await,
     Link,
     Message,
+    On,
     Owed,
     RelayState,
     Sent,
@@ -113,7 +114,7 @@ class BorrowedLease:
             state.awaiting.append(Sent(Await.GREETING, slot))
             self._want()
             return
-        state.enter(Stage.COMMANDS)
+        state.on(On.GREETED)
         self._out.note(f"greeted from {self._destination}'s last answer; a connection is "
                        "taken when a transaction needs one")  # fmt: skip
         self._out.to_client(memo.greeting, Direction.PROXY_TO_CLIENT)
@@ -163,7 +164,7 @@ class BorrowedLease:
             self._want()
 
     def _want(self) -> None:
-        self._state.move_link(Link.WANTED)
+        self._state.on(On.ASKED)
         txn = self._out.account.transaction
         if txn is None:
             self._out.add(act.AcquireServer())
@@ -175,7 +176,7 @@ class BorrowedLease:
     def granted(self, hello_name: str | None = None) -> None:
         self._source_hello = hello_name
         state = self._state
-        state.move_link(Link.DIALLING)
+        state.on(On.GRANTED)
         self._keep.fresh()
         self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
         if not state.awaiting:  # ours to set up (at first contact the client's greeting)
@@ -184,7 +185,7 @@ class BorrowedLease:
     def connected(self) -> None:
         state = self._state
         client_drives = bool(state.awaiting) and state.awaiting[0].slot is not None
-        state.move_link(Link.OPEN if client_drives else Link.SETUP)
+        state.on(On.CONNECTED_FOR_CLIENT if client_drives else On.CONNECTED_FOR_US)
 
     def reused(self, upstream: act.ReusedUpstream) -> None:
         memo = self._memo = upstream.state
@@ -208,9 +209,9 @@ class BorrowedLease:
         if (self._hello is None and upstream.hello_name is None) or (
             hello_text(self._setup_hello()) == memo.hello
         ):
-            self._ready()
+            self._ready(On.REUSED)
         else:  # the client uses another name: the MX hears it first
-            self._state.move_link(Link.SETUP)
+            self._state.on(On.REUSED_TO_SET_UP)
             self._send_hello()
 
     def greeting(self, sent: Sent, reply: Reply) -> bool:
@@ -267,7 +268,7 @@ class BorrowedLease:
         if first is not None:  # the client's greeting comes from the next connection
             first.timeout = None
             state.awaiting.append(first)
-        state.move_link(Link.WANTED)
+        state.on(On.REQUEUED)
         self._out.add(act.Requeue(reason, capacity))
 
     def _setup_hello(self) -> Command:
@@ -301,9 +302,10 @@ class BorrowedLease:
                 self._out.note("the MX refused our EHLO")
                 self._relay.fail(client_reply, "upstream-refused")
 
-    def _ready(self) -> None:
-        """The link is set up: the held commands go out, in order."""
-        self._state.move_link(Link.OPEN)
+    def _ready(self, cause: On = On.SET_UP) -> None:
+        """The link is set up (``cause``: by us, or a kept connection was ready): the held
+        commands go out, in order."""
+        self._state.on(cause)
         self._relay.send_held()
 
     def after_reply(self) -> None:
@@ -320,7 +322,7 @@ class BorrowedLease:
             or memo is None
         ):
             return
-        state.move_link(Link.NONE)
+        state.on(On.RELEASED)
         why_not = self._keep.verdict()
         if why_not is not None:
             self._out.note(f"the connection is closed, not kept: {why_not}")
@@ -352,7 +354,7 @@ class BorrowedLease:
     def cut(self) -> None:
         """The link was closed after a message we refused (the shell frees its slot):
         the next transaction asks for a connection like any other."""
-        self._state.move_link(Link.NONE)
+        self._state.on(On.CUT)
         self._link_hello = None
 
     def wait_ran_out(self, text: str | None = None) -> None:
@@ -365,7 +367,7 @@ class BorrowedLease:
         else:
             out.note(f"no connection to {self._destination} now: 451 4.4.5 {text}")
         out.add(act.CancelAcquire())
-        state.move_link(Link.NONE)
+        state.on(On.WAIT_RAN_OUT)
         if state.awaiting and state.awaiting[0].what is Await.GREETING:  # first contact
             state.awaiting.clear()
             self._relay.fail(refusal, "destination-busy")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from mailsluice.relay import actions as act
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import ClientTls, Input, Message, Owed, RelayState, Slot
+from mailsluice.relay.state import ClientTls, Input, Message, On, Owed, RelayState, Slot
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.lines import LineFramer
 from mailsluice.smtp.replies import Reply
@@ -84,7 +84,7 @@ class ClientStartTls:
         rest = lines.take_rest()
         if rest:
             self.discard(len(rest))
-        self._state.move_client_tls(ClientTls.HANDSHAKE)
+        self._state.on(On.CLIENT_STARTTLS)
         self._out.add(act.StartClientTls())
 
     def discard(self, size: int) -> None:
@@ -95,7 +95,7 @@ class ClientStartTls:
         )
 
     def started(self, version: str, cipher: str) -> None:
-        self._state.move_client_tls(ClientTls.FRESH)
+        self._state.on(On.CLIENT_TLS_UP)
         account = self._out.account
         account.client_tls = (version, cipher)
         account.helo = None  # forgotten: the client says EHLO again (RFC 3207 §4.2)
@@ -108,7 +108,7 @@ class ClientStartTls:
     def hello(self) -> None:
         """The client said EHLO/HELO: after TLS, MAIL may follow again."""
         if self._state.client_tls is ClientTls.FRESH:
-            self._state.move_client_tls(ClientTls.SECURE)
+            self._state.on(On.CLIENT_HELLO)
 
     def mail_refusal(self) -> Reply | None:
         """MAIL after TLS with no EHLO/HELO since: refused."""

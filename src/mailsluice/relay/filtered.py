@@ -26,7 +26,7 @@ from mailsluice.relay.body import BodyIntake, refusal
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, Message, Owed, RelayState, Sent, Slot, Stage
+from mailsluice.relay.state import Await, Message, On, Owed, RelayState, Sent, Slot
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
@@ -83,8 +83,7 @@ class FilteredData:
         self._out.account.first_354(self._out.now)
         self._intake.begin(log_headers=False)  # the filters get the headers
         self._line_start = True
-        self._state.move_message(Message.BODY)
-        self._state.enter(Stage.BODY)
+        self._state.on(On.GO_AHEAD)
 
     def body(self, data: bytes) -> bytes:
         chunk = self._intake.feed(data)
@@ -92,11 +91,11 @@ class FilteredData:
         if not chunk.done:
             return b""
         fault = self._intake.finish()
-        self._state.enter(Stage.COMMANDS)
         if fault is None:
+            self._state.on(On.SPOOLED)
             self._judge()
         else:
-            self._state.move_message(Message.NONE)
+            self._state.on(On.MESSAGE_ENDED)
             reply = refusal(fault)
             self._out.add(act.DropSpool())
             self._relay.local(reply)
@@ -121,7 +120,6 @@ class FilteredData:
         txn = account.transaction
         assert txn is not None  # a 354 of ours needs an open transaction
         self._state.owed.append(Slot(Owed.END_OF_DATA, barrier=True))  # the verdict's or MX's
-        self._state.move_message(Message.JUDGED)
         self._out.add(
             act.RunFilters(
                 transaction=account.transactions_done + 1,
@@ -139,7 +137,7 @@ class FilteredData:
         slot = state.first_unfilled()
         assert slot is not None
         assert slot.kind is Owed.END_OF_DATA
-        state.move_message(Message.NONE)
+        state.on(On.JUDGED)
         who = f" by {decided_by}" if decided_by else ""
         if reject is None:
             self._out.note(f"message accepted{who}; relaying it")

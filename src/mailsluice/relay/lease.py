@@ -49,6 +49,7 @@ from mailsluice.relay.state import (
     IllegalMove,
     Link,
     Message,
+    On,
     Owed,
     RelayState,
     Sent,
@@ -166,11 +167,11 @@ class DedicatedLease:
             slot = Slot(Owed.GREETING)
             state.owed.append(slot)
             state.awaiting.append(Sent(Await.GREETING, slot))
-            state.move_link(Link.DIALLING)
+            state.on(On.DIALLED)
             self._out.add(act.ConnectServer())
             return
-        state.move_link(Link.OPEN)
-        state.enter(Stage.COMMANDS)
+        state.on(On.REUSED)
+        state.on(On.GREETED)
         state.pipelining = pipelines(reused.state)
         self._out.account.tls = reused.state.tls
         self._out.note(
@@ -209,7 +210,7 @@ class DedicatedLease:
                 self._out.note("the MX refused our EHLO")
                 self._relay.fail(client_reply, "upstream-refused")
                 return
-            self._state.move_link(Link.OPEN)
+            self._state.on(On.SET_UP)
             self._relay.send_held()
         if not self._may_release:  # nothing will be kept: spare the work
             return
@@ -221,7 +222,7 @@ class DedicatedLease:
     def cut(self) -> None:
         """The connection was closed after a message we refused: the next command for
         the MX dials a new one, set up by us (``need_link``)."""
-        self._state.move_link(Link.NONE)
+        self._state.on(On.CUT)
         self._keep.fresh()
 
     def reachable(self) -> bool:
@@ -247,7 +248,7 @@ class DedicatedLease:
         self._out.note(f"connecting to {self._destination} again for the next transaction")
         self._out.account.tls = None  # a new connection: in plaintext until its STARTTLS
         state.awaiting.append(Sent(Await.GREETING))
-        state.move_link(Link.DIALLING)
+        state.on(On.DIALLED)
         self._out.add(act.ConnectServer())
 
     def after_reply(self) -> None:
@@ -262,7 +263,7 @@ class DedicatedLease:
     def connected(self) -> None:
         awaiting = self._state.awaiting
         ours = bool(awaiting) and awaiting[0].slot is None  # dialled again: we set it up
-        self._state.move_link(Link.SETUP if ours else Link.OPEN)
+        self._state.on(On.CONNECTED_FOR_US if ours else On.CONNECTED_FOR_CLIENT)
 
     def greeting(self, sent: Sent, reply: Reply) -> bool:
         """The client's greeting (False), or our own set-up's after ``cut``."""
@@ -317,7 +318,7 @@ class DedicatedLease:
             return False
         self._out.client_line(command.line, Direction.CLIENT_TO_PROXY)
         self._out.note("upstream connection kept for reuse")
-        state.move_link(Link.GONE)
+        state.on(On.GONE)
         memo_state = act.UpstreamState(greeting, memo[0], memo[1], self._out.account.tls)
         self._out.add(act.ReleaseServer(memo_state))
         self._relay.local(BYE, close="quit")

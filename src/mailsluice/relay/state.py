@@ -1,9 +1,12 @@
 """Everything that decides what the relay does next: its stages and their legal moves.
 
 h11's rule: all of a state machine's state and every legal transition in one module.
-The relay's state has five independent parts, each an enum with a table of the moves
-it may make (any other move is a bug of ours: ``IllegalMove``, which the shell turns
-into ``421 4.3.0`` for that session):
+The relay's state has five independent parts, each an enum; what moves them is one table,
+``MOVES``, keyed by the cause (``On``: a fact or decision, such as ``GO_AHEAD``, the 354
+reaching the client, which starts the body and the message at once), with the moves each
+cause makes, from where to where. ``RelayState.on(cause)`` makes them; a cause met in a
+state it has no move from is a bug of ours (``IllegalMove``, which the shell turns into
+``421 4.3.0`` for that session). The parts:
 
 * ``Stage``, the session's main line: opening (the client has no greeting yet),
   commands, a message body arriving, closed;
@@ -34,9 +37,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 from mailsluice.relay.records import CloseReason, Direction
 from mailsluice.smtp.commands import Command
@@ -87,56 +88,97 @@ class ClientTls(enum.Enum):
     SECURE = "secure"  # in TLS, after a new EHLO/HELO
 
 
-_E = TypeVar("_E", bound=enum.Enum)
+class On(enum.Enum):
+    """What moves the relay's state: each fact or decision that changes a part of it."""
 
-_STAGE_MOVES = {
-    Stage.OPENING: frozenset({Stage.COMMANDS, Stage.CLOSED}),
-    Stage.COMMANDS: frozenset({Stage.BODY, Stage.CLOSED}),
-    Stage.BODY: frozenset({Stage.COMMANDS, Stage.CLOSED}),
-    Stage.CLOSED: frozenset(),
-}
-_INPUT_MOVES = {
-    Input.OPEN: frozenset({Input.DISCARDED, Input.ENDED}),
-    Input.ENDED: frozenset({Input.DISCARDED}),  # what it sent before its end is refused
-    Input.DISCARDED: frozenset(),  # its end of stream changes nothing then
-}
-_LINK_MOVES = {
-    # OPEN: a reused connection; WANTED: late binding asks for one
-    Link.NONE: frozenset({Link.WANTED, Link.DIALLING, Link.OPEN, Link.GONE}),
-    # granted: dialled, or an idle one (ready, or after a new EHLO); NONE: the wait ran out
-    Link.WANTED: frozenset({Link.DIALLING, Link.SETUP, Link.OPEN, Link.NONE, Link.GONE}),
-    # OPEN: the client drives the set-up; SETUP: we do; WANTED: refused, back in line
-    Link.DIALLING: frozenset({Link.OPEN, Link.SETUP, Link.WANTED, Link.GONE}),
-    Link.SETUP: frozenset({Link.OPEN, Link.HANDSHAKE, Link.WANTED, Link.GONE}),
-    # NONE: handed back; WANTED: refused at a first contact's greeting, back in line
-    Link.OPEN: frozenset({Link.HANDSHAKE, Link.NONE, Link.WANTED, Link.GONE}),
-    Link.HANDSHAKE: frozenset({Link.OPEN, Link.SETUP, Link.GONE}),
-    Link.GONE: frozenset(),
-}
-_CLIENT_TLS_MOVES = {
-    ClientTls.NONE: frozenset(),
-    ClientTls.PLAIN: frozenset({ClientTls.HANDSHAKE}),
-    ClientTls.HANDSHAKE: frozenset({ClientTls.FRESH}),  # a failed handshake ends the session
-    ClientTls.FRESH: frozenset({ClientTls.SECURE}),
-    ClientTls.SECURE: frozenset(),  # never TLS inside TLS
-}
-_MESSAGE_MOVES = {
-    Message.NONE: frozenset({Message.BODY}),
-    Message.BODY: frozenset({Message.NONE, Message.JUDGED}),
-    Message.JUDGED: frozenset({Message.NONE}),
-}
+    GREETED = "greeted"  # the client has its greeting (the MX's, or one from memory)
+    GO_AHEAD = "go-ahead"  # a 354 reached the client: the body comes
+    MESSAGE_ENDED = "message-ended"  # its end of data (or the body refused at its end)
+    SPOOLED = "spooled"  # filter mode: the message is whole, the filters judge it
+    JUDGED = "judged"  # filter mode: the filters' verdict is in
+    CLOSED = "closed"  # the session ended
+    CLIENT_EOF = "client-eof"  # the client half-closed
+    SYNC_VIOLATION = "sync-violation"  # it broke the pipelining rules: nothing more is read
+    CLIENT_STARTTLS = "client-starttls"  # our 220 to its STARTTLS went out
+    CLIENT_TLS_UP = "client-tls-up"  # its handshake is done
+    CLIENT_HELLO = "client-hello"  # its EHLO/HELO after the handshake
+    DIALLED = "dialled"  # a connection is dialled for the session (dedicated)
+    ASKED = "asked"  # late binding: the transaction asks for a connection
+    GRANTED = "granted"  # late binding: a slot, the shell dials
+    CONNECTED_FOR_CLIENT = "connected-for-client"  # dialled, the client drives its set-up
+    CONNECTED_FOR_US = "connected-for-us"  # dialled, the proxy sets it up itself
+    REUSED = "reused"  # a kept connection, ready (its greeting and EHLO said before)
+    REUSED_TO_SET_UP = "reused-to-set-up"  # a kept connection that must hear EHLO first
+    SET_UP = "set-up"  # our own set-up is done: the held commands may go
+    STARTTLS_ACCEPTED = "starttls-accepted"  # the MX's 220 to our STARTTLS: the handshake
+    TLS_FOR_CLIENT = "tls-for-client"  # the handshake is done, the client's EHLO goes again
+    TLS_FOR_US = "tls-for-us"  # the handshake is done, in our own set-up
+    RELEASED = "released"  # late binding: the transaction gave the connection back
+    CUT = "cut"  # closed in the middle of a message we refused; another comes later
+    REQUEUED = "requeued"  # refused before use: back in line for another
+    WAIT_RAN_OUT = "wait-ran-out"  # no connection within hold_max (or declined)
+    GONE = "gone"  # closed, lost or handed back for good
 
 
-def _pairs(table: Mapping[_E, frozenset[_E]]) -> frozenset[tuple[str, str]]:
-    """Every legal move as a pair of values: checked without hashing enum members."""
-    return frozenset((old.value, new.value) for old, news in table.items() for new in news)
+_ALIVE = (Link.NONE, Link.WANTED, Link.DIALLING, Link.SETUP, Link.OPEN, Link.HANDSHAKE)
+
+#: Every legal move, by what causes it: the one table that says what moves the stage, the
+#: input, the link, the message and the client's TLS (h11's ``_state.py``). For each cause,
+#: the moves it makes, from where to where; a cause met in a state it has no move from is a
+#: bug of ours (``IllegalMove``, ``421 4.3.0`` for that session).
+MOVES: dict[On, tuple[tuple[enum.Enum, enum.Enum], ...]] = {
+    # the session's main line, and the message
+    On.GREETED: ((Stage.OPENING, Stage.COMMANDS),),
+    On.GO_AHEAD: ((Stage.COMMANDS, Stage.BODY), (Message.NONE, Message.BODY)),
+    On.MESSAGE_ENDED: ((Stage.BODY, Stage.COMMANDS), (Message.BODY, Message.NONE)),
+    On.SPOOLED: ((Stage.BODY, Stage.COMMANDS), (Message.BODY, Message.JUDGED)),
+    On.JUDGED: ((Message.JUDGED, Message.NONE),),
+    On.CLOSED: tuple((stage, Stage.CLOSED) for stage in Stage if stage is not Stage.CLOSED),
+    # the client's input
+    On.CLIENT_EOF: ((Input.OPEN, Input.ENDED),),
+    # what it sent before its end of stream may be refused too
+    On.SYNC_VIOLATION: ((Input.OPEN, Input.DISCARDED), (Input.ENDED, Input.DISCARDED)),
+    # the client's TLS (RFC 3207): a failed handshake ends the session; no TLS in TLS
+    On.CLIENT_STARTTLS: ((ClientTls.PLAIN, ClientTls.HANDSHAKE),),
+    On.CLIENT_TLS_UP: ((ClientTls.HANDSHAKE, ClientTls.FRESH),),
+    On.CLIENT_HELLO: ((ClientTls.FRESH, ClientTls.SECURE),),
+    # the MX link
+    On.DIALLED: ((Link.NONE, Link.DIALLING),),
+    On.ASKED: ((Link.NONE, Link.WANTED),),
+    On.GRANTED: ((Link.WANTED, Link.DIALLING),),
+    On.CONNECTED_FOR_CLIENT: ((Link.DIALLING, Link.OPEN),),
+    On.CONNECTED_FOR_US: ((Link.DIALLING, Link.SETUP),),
+    On.REUSED: ((Link.NONE, Link.OPEN), (Link.WANTED, Link.OPEN)),
+    On.REUSED_TO_SET_UP: ((Link.WANTED, Link.SETUP),),
+    On.SET_UP: ((Link.SETUP, Link.OPEN),),
+    On.STARTTLS_ACCEPTED: ((Link.OPEN, Link.HANDSHAKE), (Link.SETUP, Link.HANDSHAKE)),
+    On.TLS_FOR_CLIENT: ((Link.HANDSHAKE, Link.OPEN),),
+    On.TLS_FOR_US: ((Link.HANDSHAKE, Link.SETUP),),
+    On.RELEASED: ((Link.OPEN, Link.NONE),),
+    On.CUT: ((Link.OPEN, Link.NONE),),
+    On.REQUEUED: (
+        (Link.DIALLING, Link.WANTED),
+        (Link.SETUP, Link.WANTED),
+        (Link.OPEN, Link.WANTED),
+    ),
+    On.WAIT_RAN_OUT: ((Link.WANTED, Link.NONE),),
+    On.GONE: tuple((link, Link.GONE) for link in _ALIVE),
+}
+
+_PART = {Stage: "stage", Input: "input", Link: "link", Message: "message",
+         ClientTls: "client_tls"}  # fmt: skip
 
 
-_STAGE_PAIRS = _pairs(_STAGE_MOVES)
-_INPUT_PAIRS = _pairs(_INPUT_MOVES)
-_LINK_PAIRS = _pairs(_LINK_MOVES)
-_MESSAGE_PAIRS = _pairs(_MESSAGE_MOVES)
-_CLIENT_TLS_PAIRS = _pairs(_CLIENT_TLS_MOVES)
+def _by_part(
+    moves: tuple[tuple[enum.Enum, enum.Enum], ...],
+) -> tuple[tuple[str, dict[enum.Enum, enum.Enum]], ...]:
+    parts: dict[str, dict[enum.Enum, enum.Enum]] = {}
+    for old, new in moves:
+        parts.setdefault(_PART[type(old)], {})[old] = new
+    return tuple(parts.items())
+
+
+_STEPS = {cause: _by_part(moves) for cause, moves in MOVES.items()}
 
 
 class Owed(enum.Enum):
@@ -252,40 +294,16 @@ class RelayState:
         self.verp: VerpTransaction | None = None  # the transaction under XVERP, if any
 
     # ------------------------------------------------------------- transitions
-    def enter(self, stage: Stage) -> None:
-        old = self.stage
-        if stage is not old:
-            if (old._value_, stage._value_) not in _STAGE_PAIRS:
-                raise _illegal(old, stage)
-            self.stage = stage
-
-    def end_input(self, how: Input) -> None:
-        old = self.input
-        if how is not old:
-            if (old._value_, how._value_) not in _INPUT_PAIRS:
-                raise _illegal(old, how)
-            self.input = how
-
-    def move_link(self, link: Link) -> None:
-        old = self.link
-        if link is not old:
-            if (old._value_, link._value_) not in _LINK_PAIRS:
-                raise _illegal(old, link)
-            self.link = link
-
-    def move_message(self, message: Message) -> None:
-        old = self.message
-        if message is not old:
-            if (old._value_, message._value_) not in _MESSAGE_PAIRS:
-                raise _illegal(old, message)
-            self.message = message
-
-    def move_client_tls(self, tls: ClientTls) -> None:
-        old = self.client_tls
-        if tls is not old:
-            if (old._value_, tls._value_) not in _CLIENT_TLS_PAIRS:
-                raise _illegal(old, tls)
-            self.client_tls = tls
+    def on(self, cause: On) -> None:
+        """Make the moves ``cause`` makes (``MOVES``); any other is ``IllegalMove``."""
+        for part, moves in _STEPS[cause]:
+            old = getattr(self, part)
+            new = moves.get(old)
+            if new is None:
+                raise IllegalMove(
+                    f"{cause.value}: {type(old).__name__} {old.value} has no such move"
+                )
+            setattr(self, part, new)
 
     # ------------------------------------------------------------- the queues
     def blocked(self) -> bool:
@@ -304,7 +322,3 @@ class RelayState:
 
     def awaits(self, what: Await) -> bool:
         return any(sent.what is what for sent in self.awaiting)
-
-
-def _illegal(old: enum.Enum, new: enum.Enum) -> IllegalMove:
-    return IllegalMove(f"{type(old).__name__}: {old.value} -> {new.value} is not a legal move")

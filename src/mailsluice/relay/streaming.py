@@ -16,12 +16,11 @@ from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.state import (
     Await,
     IllegalMove,
-    Message,
+    On,
     Owed,
     RelayState,
     Sent,
     Slot,
-    Stage,
 )
 from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
@@ -56,8 +55,7 @@ class StreamingData:
     def begin_body(self) -> None:
         self._out.account.first_354(self._out.now)
         self._intake.begin(log_headers=self._log_headers)
-        self._state.move_message(Message.BODY)
-        self._state.enter(Stage.BODY)
+        self._state.on(On.GO_AHEAD)
 
     def body(self, data: bytes) -> bytes:
         chunk = self._intake.feed(data)
@@ -67,8 +65,7 @@ class StreamingData:
             return b""
         fault = self._intake.finish()
         state = self._state
-        state.enter(Stage.COMMANDS)
-        state.move_message(Message.NONE)
+        state.on(On.MESSAGE_ENDED)
         if fault is None:
             slot = Slot(Owed.END_OF_DATA, barrier=True)
             state.owed.append(slot)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from mailsluice.relay import actions as act
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
-from mailsluice.relay.state import Await, Link, RelayState, Sent, Slot
+from mailsluice.relay.state import Await, On, RelayState, Sent, Slot
 from mailsluice.smtp import ehlo
 from mailsluice.smtp import replies as rp
 from mailsluice.smtp.commands import Command
@@ -99,7 +99,7 @@ class TlsUpgrade:
             self.injection()
             return
         self._state.awaiting.appendleft(Sent(Await.HELLO_AFTER_TLS, slot, command=sent.command))
-        self._state.move_link(Link.HANDSHAKE)
+        self._state.on(On.STARTTLS_ACCEPTED)
         self._out.add(act.StartServerTls())
 
     def started(self, version: str, cipher: str, verified: bool, *, resumed: bool = False) -> None:
@@ -110,7 +110,7 @@ class TlsUpgrade:
         after = self._state.awaiting[0]
         slot = after.slot
         # the client's EHLO again (the client drives the set-up), or ours (late binding)
-        self._state.move_link(Link.OPEN if slot is not None else Link.SETUP)
+        self._state.on(On.TLS_FOR_CLIENT if slot is not None else On.TLS_FOR_US)
         command = slot.command if slot is not None else after.command
         assert command is not None
         self._out.client_line(command.line, Direction.PROXY_TO_SERVER)  # ours, this time

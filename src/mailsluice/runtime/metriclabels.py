@@ -13,7 +13,7 @@ from __future__ import annotations
 from mailsluice.policy.deferrals import DeferralClass
 from mailsluice.policy.tls.model import Level, Result, Source
 from mailsluice.relay.records import CLOSE_REASONS
-from mailsluice.tlsconfig import TlsSettings
+from mailsluice.settings.tls import TlsSettings
 
 __all__ = [
     "BUCKETS",

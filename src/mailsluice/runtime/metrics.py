@@ -71,8 +71,8 @@ from mailsluice.runtime.metriclabels import (
     TIMED_OUT,
     tls_check_series,
 )
+from mailsluice.settings.tls import TlsSettings
 from mailsluice.smtp.replies import Reply
-from mailsluice.tlsconfig import TlsSettings
 
 __all__ = ["PHASES", "SAMPLE_EVERY", "Metrics", "proxy_reason", "session_result"]
 

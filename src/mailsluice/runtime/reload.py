@@ -35,18 +35,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from mailsluice.config import ALLOW_LOCAL, ConfigError, Settings
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.build import BuildError, build_filter_chain, build_watchers
-from mailsluice.reloadplan import ReloadPlan, reload_plan, running_settings
-from mailsluice.runtime import clienttls, startup
-from mailsluice.runtime.localaddrs import allowed_networks, local_networks
-from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime import startup
+from mailsluice.runtime.net.localaddrs import allowed_networks, local_networks
 from mailsluice.runtime.services import Services, weights_of
 from mailsluice.runtime.sinks import log_url
-from mailsluice.runtime.tlsmx import MxTls
-from mailsluice.runtime.tlsrpt_store import TlsRptStore
+from mailsluice.runtime.tls import client as clienttls
+from mailsluice.runtime.tls.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime.tls.mx import MxTls
+from mailsluice.runtime.tls.rpt_store import TlsRptStore
 from mailsluice.sessionlog import LogWriter, open_log
+from mailsluice.settings.config import ALLOW_LOCAL, ConfigError, Settings
+from mailsluice.settings.reloadplan import ReloadPlan, reload_plan, running_settings
 
 __all__ = ["Prepared", "ReloadResult", "RetiredWriters", "WorkerSettings", "prepare"]
 

@@ -39,12 +39,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from mailsluice.config import ALLOW_LOCAL, Settings
-from mailsluice.fairconfig import FairSettings
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.policy import limits
-from mailsluice.runtime import clienttls, sdnotify, startup
+from mailsluice.runtime import startup
 from mailsluice.runtime.admin import multiproc
 from mailsluice.runtime.admin.host import (
     SupervisorMetrics,
@@ -54,19 +52,26 @@ from mailsluice.runtime.admin.host import (
     run_admin_process,
     suspensions_of,
 )
-from mailsluice.runtime.admission import Admission
-from mailsluice.runtime.broker import BrokerClient, broker_address, run_broker
+from mailsluice.runtime.fair.broker import BrokerClient, broker_address, run_broker
+from mailsluice.runtime.fair.statefile import StateFile, read_learned
 from mailsluice.runtime.fleet.join import fleet_here, share_penalties
-from mailsluice.runtime.handler import ClientProtocol
-from mailsluice.runtime.listener import (
+from mailsluice.runtime.metrics import Metrics
+from mailsluice.runtime.net.admission import Admission
+from mailsluice.runtime.net.listener import (
     Listener,
     address_text,
     listening_sockets,
     steer_by_source,
 )
-from mailsluice.runtime.localaddrs import allowed_networks, local_networks
-from mailsluice.runtime.metrics import Metrics
-from mailsluice.runtime.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime.net.localaddrs import allowed_networks, local_networks
+from mailsluice.runtime.process import sdnotify
+from mailsluice.runtime.process.workers import (
+    RESTART,
+    hangup_ignored,
+    hangup_ready,
+    log_hangup,
+    supervise,
+)
 from mailsluice.runtime.reload import (
     REFUSALS,
     ReloadResult,
@@ -75,18 +80,16 @@ from mailsluice.runtime.reload import (
     prepare,
 )
 from mailsluice.runtime.services import Services
+from mailsluice.runtime.session.handler import ClientProtocol
 from mailsluice.runtime.sinks import log_url, open_sinks
-from mailsluice.runtime.statefile import StateFile, read_learned, state_path
-from mailsluice.runtime.tlsmx import MxTls
-from mailsluice.runtime.tlsrpt_store import TlsRptStore, store_beside
-from mailsluice.runtime.workers import (
-    RESTART,
-    hangup_ignored,
-    hangup_ready,
-    log_hangup,
-    supervise,
-)
+from mailsluice.runtime.tls import client as clienttls
+from mailsluice.runtime.tls.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime.tls.mx import MxTls
+from mailsluice.runtime.tls.rpt_store import TlsRptStore, store_beside
 from mailsluice.sessionlog import LogWriter, open_log
+from mailsluice.settings.config import ALLOW_LOCAL, Settings
+from mailsluice.settings.fair import FairSettings
+from mailsluice.settings.logplace import state_path
 
 log = logging.getLogger("mailsluice.server")
 

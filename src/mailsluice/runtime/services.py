@@ -32,25 +32,25 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from mailsluice.config import Settings
 from mailsluice.filtering.chain import FilterChain
-from mailsluice.fleetconfig import default_gateway_name
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import Record
-from mailsluice.runtime.admission import Admission, Outbound
-from mailsluice.runtime.destinations import Destinations
+from mailsluice.runtime.fair.destinations import Destinations
+from mailsluice.runtime.fair.pool import UpstreamPool
 from mailsluice.runtime.fleet.join import join
-from mailsluice.runtime.origdst import original_destination
+from mailsluice.runtime.net.admission import Admission, Outbound
+from mailsluice.runtime.net.origdst import original_destination
 from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.suspensions import Suspensions
-from mailsluice.runtime.tls import ChainVerifier, client_context
-from mailsluice.runtime.tlsmx import MxTls
-from mailsluice.runtime.tlsresume import Resumption
-from mailsluice.runtime.tlsrpt_count import TlsRptCounter
-from mailsluice.runtime.upstreampool import UpstreamPool
+from mailsluice.runtime.tls.contexts import ChainVerifier, client_context
+from mailsluice.runtime.tls.mx import MxTls
+from mailsluice.runtime.tls.resume import Resumption
+from mailsluice.runtime.tls.rpt_count import TlsRptCounter
 from mailsluice.runtime.verbose import verbose_tee
 from mailsluice.sessionlog import LogWriter
+from mailsluice.settings.config import Settings
+from mailsluice.settings.fleet import default_gateway_name
 from mailsluice.smtp.replies import Reply
 
 if TYPE_CHECKING:

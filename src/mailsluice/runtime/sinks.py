@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from mailsluice.config import Settings
-from mailsluice.logplace import default_log
 from mailsluice.plugins.build import build_watchers
 from mailsluice.plugins.observer import PluginSink
 from mailsluice.sessionlog import LogWriter, open_log
 from mailsluice.sessionlog.fanout import LogFanout
+from mailsluice.settings.config import Settings
+from mailsluice.settings.logplace import default_log
 
 __all__ = ["log_url", "open_sinks"]
 

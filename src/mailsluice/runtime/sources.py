@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 
 from mailsluice.policy.deferrals import DeferralClass, Rule, classify
@@ -31,9 +32,10 @@ from mailsluice.policy.sources import (
     choose,
     sender_domain,
 )
-from mailsluice.runtime.names import HostNames
+from mailsluice.relay.records import TransactionEnded
+from mailsluice.runtime.fair.names import HostNames
+from mailsluice.settings.sources import SourceSettings, default_pool
 from mailsluice.smtp.replies import Reply
-from mailsluice.sourceconfig import SourceSettings, default_pool
 
 __all__ = ["SourceSelector"]
 
@@ -183,3 +185,38 @@ class SourceSelector:
         """The (source, MX address, seconds left) out for reputation now."""
         return sorted((source, mx, until - now) for mx, sources in self._out.items()
                       for source, until in sources.items() if until > now)  # fmt: skip
+
+
+class SourceFeedback:
+    """What one session's MX says of the source address it left from, back to the
+    selector: a reputation deferral or refusal takes that source out at this MX a while
+    (``SourceSelector.deferred``), and each transaction's recipient domains tell which
+    domains the MX serves (``SourceSelector.seen``). An observer of the relay's facts."""
+
+    __slots__ = ("_mx_ip", "_rules", "_selector", "_source_ip")
+
+    def __init__(
+        self,
+        selector: SourceSelector,
+        *,
+        mx_ip: str,
+        source_ip: Callable[[], str | None],
+        rules: tuple[Rule, ...],
+    ) -> None:
+        self._selector = selector
+        self._mx_ip = mx_ip
+        self._source_ip = source_ip  # where the session's connection leaves from now
+        self._rules = rules
+
+    def deferred(self, code: int, text: str) -> None:
+        """An MX's 4xx (``MxDeferred``), or a 5xx at the end of a transaction."""
+        self._selector.deferred(
+            self._source_ip(), self._mx_ip, code, text, self._rules, time.time()
+        )
+
+    def transaction(self, record: TransactionEnded) -> None:
+        """A transaction ended: its recipients' domains; a 5xx of reputation."""
+        self._selector.seen(self._mx_ip, record.rcpt_to)
+        code, text = record.reply_code, record.reply_text
+        if code is not None and code >= 500 and text:
+            self.deferred(code, text)

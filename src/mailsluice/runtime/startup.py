@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mailsluice.config import ConfigError, HostPort, Settings
-from mailsluice.runtime.localaddrs import LocalAddressError, interface_addresses
+from mailsluice.runtime.net.localaddrs import LocalAddressError, interface_addresses
 from mailsluice.sessionlog.codec import SessionLogError, parse_log_url
+from mailsluice.settings.config import ConfigError, HostPort, Settings
 
 Resolver = Callable[..., list[tuple[Any, ...]]]
 

@@ -29,22 +29,22 @@ def open_backend(url: str | LogUrl) -> Backend:
     if parsed.scheme == "none":
         return NullBackend()
     if parsed.scheme == "sqlite":
-        from mailsluice.sessionlog.sqlite import SqliteBackend
+        from mailsluice.sessionlog.sqlite.writer import SqliteBackend
 
         assert parsed.path is not None
         return SqliteBackend(parsed.path)
     if parsed.scheme == "jsonl":
-        from mailsluice.sessionlog.jsonl import JsonlBackend
+        from mailsluice.sessionlog.jsonl.writer import JsonlBackend
 
         assert parsed.path is not None
         return JsonlBackend(parsed.path, max_bytes=parsed.jsonl.max_bytes, keep=parsed.jsonl.keep)
     if parsed.scheme == "postgresql":
-        from mailsluice.sessionlog.postgres import PostgresBackend
+        from mailsluice.sessionlog.postgres.writer import PostgresBackend
 
         assert parsed.target is not None
         return PostgresBackend(parsed.target)
     if parsed.scheme == "mysql":
-        from mailsluice.sessionlog.mysql import MysqlBackend
+        from mailsluice.sessionlog.mysql.writer import MysqlBackend
 
         assert parsed.target is not None
         return MysqlBackend(parsed.target)

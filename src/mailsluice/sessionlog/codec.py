@@ -28,7 +28,7 @@ from mailsluice.relay.records import (
     TransactionEnded,
     TranscriptLine,
 )
-from mailsluice.sessionlog.mysql_url import parse_mysql_url
+from mailsluice.sessionlog.mysql.url import parse_mysql_url
 
 Scheme = Literal["sqlite", "jsonl", "none", "postgresql", "mysql", "webhook"]
 SCHEMES: tuple[Scheme, ...] = ("sqlite", "jsonl", "none", "postgresql", "mysql", "webhook")

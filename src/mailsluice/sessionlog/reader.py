@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from mailsluice.sessionlog.codec import LogReadError, LogUrl, SessionNotFound, parse_log_url
-from mailsluice.sessionlog.jsonl_reader import session_with_transcript as jsonl_session
-from mailsluice.sessionlog.jsonl_reader import sessions as jsonl_sessions
+from mailsluice.sessionlog.jsonl.reader import session_with_transcript as jsonl_session
+from mailsluice.sessionlog.jsonl.reader import sessions as jsonl_sessions
 from mailsluice.sessionlog.query import SessionFilter
-from mailsluice.sessionlog.sqlite_reader import run as run_sqlite
-from mailsluice.sessionlog.sqlite_reader import session_with_transcript as sqlite_session
-from mailsluice.sessionlog.sqlite_reader import sessions as sqlite_sessions
+from mailsluice.sessionlog.sqlite.reader import run as run_sqlite
+from mailsluice.sessionlog.sqlite.reader import session_with_transcript as sqlite_session
+from mailsluice.sessionlog.sqlite.reader import sessions as sqlite_sessions
 
 __all__ = ["list_sessions", "session_with_transcript", "transcript"]
 
@@ -63,11 +63,11 @@ def list_sessions(
     first."""
     parsed = _parse(url)
     if parsed.scheme == "postgresql":
-        from mailsluice.sessionlog.postgres_reader import list_sessions as postgres_sessions
+        from mailsluice.sessionlog.postgres.reader import list_sessions as postgres_sessions
 
         return postgres_sessions(url, limit, where)
     if parsed.scheme == "mysql":
-        from mailsluice.sessionlog.mysql_reader import list_sessions as mysql_sessions
+        from mailsluice.sessionlog.mysql.reader import list_sessions as mysql_sessions
 
         return mysql_sessions(url, limit, where)
     path = _locate(parsed)
@@ -89,13 +89,13 @@ def session_with_transcript(
         raise SessionNotFound("no session id given; `mailsluice sessions` lists them")
     parsed = _parse(url)
     if parsed.scheme == "postgresql":
-        from mailsluice.sessionlog.postgres_reader import (
+        from mailsluice.sessionlog.postgres.reader import (
             session_with_transcript as postgres_session,
         )
 
         return postgres_session(url, session_id)
     if parsed.scheme == "mysql":
-        from mailsluice.sessionlog.mysql_reader import session_with_transcript as mysql_session
+        from mailsluice.sessionlog.mysql.reader import session_with_transcript as mysql_session
 
         return mysql_session(url, session_id)
     path = _locate(parsed)

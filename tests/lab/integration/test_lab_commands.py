@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mailsluice import cli
-from mailsluice.cli import main
+from mailsluice.cli import main as cli
+from mailsluice.cli.main import main
 from mailsluice_lab import commands
 from mailsluice_lab.bench.command import BENCHMARKS
 from mailsluice_lab.bench.command import main as bench_main

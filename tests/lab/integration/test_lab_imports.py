@@ -22,7 +22,7 @@ LAB = Path(mailsluice_lab.__file__).resolve().parent
 #: and the in-process proxy. Nothing else of ``mailsluice.runtime``.
 PUBLIC_PRODUCT_MODULES = frozenset({
     "mailsluice",
-    "mailsluice.config",
+    "mailsluice.settings.config",
     "mailsluice.relay",
     "mailsluice.relay.config",
     "mailsluice.relay.events",
@@ -120,8 +120,8 @@ def _is_module(name: str) -> bool:
 
 
 def test_the_lab_imports_only_the_products_public_modules() -> None:
-    """``from mailsluice.config import HostPort`` is fine (a name of a public module);
-    ``from mailsluice.runtime import handler`` is not (a module that is not public)."""
+    """``from mailsluice.settings.config import HostPort`` is fine (a name of a public module);
+    ``from mailsluice.runtime.session import handler`` is not (a module that is not public)."""
     used: dict[str, set[str]] = {}
     for name, path in _modules().items():
         for target in _imported(name, path):

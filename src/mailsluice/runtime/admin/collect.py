@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mailsluice.runtime.meters import TenantWaits
+from mailsluice.scheduling.meters import TenantWaits
 
 __all__ = ["SchedulerCollector", "SchedulerView"]
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from mailsluice.config import ConfigError, Settings, check_admin
 from mailsluice.runtime.admin import live, multiproc
 from mailsluice.runtime.admin.api import ApiContext, add_api, chart_totals
 from mailsluice.runtime.admin.collect import SchedulerCollector, SchedulerView
@@ -41,8 +40,9 @@ from mailsluice.runtime.admin.http import AdminServer, Router
 from mailsluice.runtime.admin.routes import Readiness, add_routes
 from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.services import Services
-from mailsluice.runtime.statefile import state_path
 from mailsluice.runtime.suspensions import Suspensions, Targets
+from mailsluice.settings.config import ConfigError, Settings, check_admin
+from mailsluice.settings.logplace import state_path
 
 __all__ = [
     "SupervisorMetrics",

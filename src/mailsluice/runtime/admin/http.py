@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import h11
 
 from mailsluice.runtime.admin.guard import HostGuard
-from mailsluice.runtime.localaddrs import interface_addresses
+from mailsluice.runtime.net.localaddrs import interface_addresses
 
 __all__ = ["AdminServer", "Handler", "Request", "Response", "Router"]
 

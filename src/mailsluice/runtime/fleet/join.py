@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from mailsluice.config import Settings
-from mailsluice.fleetconfig import SharedState, default_gateway_name
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
-from mailsluice.runtime.orders import Scheduler
-from mailsluice.runtime.scheduler import LocalScheduler
+from mailsluice.scheduling.orders import Scheduler
+from mailsluice.scheduling.scheduler import LocalScheduler
+from mailsluice.settings.config import Settings
+from mailsluice.settings.fleet import SharedState, default_gateway_name
 
 if TYPE_CHECKING:
     from mailsluice.runtime.fleet.link import FleetLink

@@ -32,11 +32,11 @@ from redis import asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
-from mailsluice.fleetconfig import SharedState
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.fleet.scripts import SYNC
 from mailsluice.runtime.fleet.suspensions import SharedSuspensions
-from mailsluice.runtime.orders import DestKey
+from mailsluice.scheduling.orders import DestKey
+from mailsluice.settings.fleet import SharedState
 
 __all__ = ["DEADLINE", "FleetLink", "PREFIX", "connect", "dest_name"]
 

@@ -38,8 +38,8 @@ from typing import Any
 
 from mailsluice.policy.fleetshare import QUANTUM, fallback_share
 from mailsluice.policy.learned import LimitRules
-from mailsluice.runtime.orders import DestKey, Order, Take
-from mailsluice.runtime.scheduler import LocalScheduler
+from mailsluice.scheduling.orders import DestKey, Order, Take
+from mailsluice.scheduling.scheduler import LocalScheduler
 
 __all__ = ["FleetScheduler", "LEASE_TTL"]
 

@@ -1,0 +1,2 @@
+"""Processes: the supervisor of ``--workers N`` (``workers``) and systemd's readiness
+(``sdnotify``)."""

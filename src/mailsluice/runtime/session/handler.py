@@ -1,0 +1,567 @@
+"""One relayed connection: drives a ``Relay`` over the client transport and its MX leg.
+
+The data path is synchronous: a transport callback feeds the relay and performs the
+actions it returns (writes, closes, log records) in the same callback, with no task
+switch per chunk. What must wait (dialling the MX, the TLS handshake, the filters,
+sending a filtered message) is a job: the connection's own task, the one that accepted
+it (``ConnectionHandler.run``), does the jobs one at a time in the order the relay asked
+for them (the relay never asks for two waits at once), and ends when the relay closes.
+A job that raises is a bug of ours: ``421 4.3.0`` for this connection, never a crash of
+the server and never a 2xx.
+
+The client's STARTTLS (``StartClientTls``): the relay's 220 is written first, then TLS
+takes the client's connection over at once (``tlstransport.ServerTlsTransport``: every
+later byte is TLS, and the client's half-close still lets our replies out); the
+handshake has ``clienttls.HANDSHAKE_TIMEOUT``, nothing is written meanwhile, and the
+outcome goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
+
+The source address (``runtime.sources``): chosen when the client connects, by tenant and
+destination; under fair sharing chosen again at each transaction's ``AcquireServer``
+(with its sender), the session's address kept while it is still eligible, its
+``Borrowing`` moved to that (source, MX) destination. The MX's reputation deferrals and
+refusals, and the recipient domains of each transaction, go back to the selector.
+
+Backpressure: a side whose write buffer is full pauses reading on the other side; a
+client that sends more than the relay will hold is paused until the relay catches up.
+Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
+deadline of an MX that stops reading).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar, cast
+
+from mailsluice.filtering.api import ClientInfo
+from mailsluice.relay import actions as act
+from mailsluice.relay import events as ev
+from mailsluice.relay.machine import Relay
+from mailsluice.relay.records import TransactionEnded
+from mailsluice.runtime import errors
+from mailsluice.runtime.net.dialer import plain_host
+from mailsluice.runtime.services import ConnectionServices
+from mailsluice.runtime.session.borrowing import Borrowing
+from mailsluice.runtime.session.deadline import Deadline
+from mailsluice.runtime.session.dialprobe import GreetingWatch
+from mailsluice.runtime.session.filterjob import FilterDriver
+from mailsluice.runtime.session.jobs import Jobs
+from mailsluice.runtime.session.linger import LingeringClose
+from mailsluice.runtime.session.mxleg import MxLeg
+from mailsluice.runtime.session.sides import Side, format_address
+from mailsluice.runtime.sources import SourceFeedback
+from mailsluice.runtime.tls.client import HANDSHAKE_TIMEOUT
+from mailsluice.runtime.tls.transport import ServerTlsTransport
+
+__all__ = ["ClientProtocol", "ConnectionHandler"]
+
+log = logging.getLogger("mailsluice.connection")
+_In = TypeVar("_In")
+
+
+class ClientProtocol(Side):
+    """The accepted connection; makes its handler when the connection is made."""
+
+    def __init__(self, services: ConnectionServices) -> None:
+        self._services = services
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        handler = ConnectionHandler(self._services, cast(asyncio.Transport, transport))
+        super().__init__(handler, client=True)
+        self._services.started(handler)
+        handler.begin()
+
+    @property
+    def handler(self) -> ConnectionHandler:
+        """The handler (made in ``connection_made``); its task awaits ``handler.run()``."""
+        return cast(ConnectionHandler, self._session)
+
+
+class ConnectionHandler:
+    """Owns one client transport, its MX leg and its Relay."""
+
+    __slots__ = (
+        "_client", "_client_eof", "_client_paused", "_client_tls", "_deadline", "_early",
+        "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_peer",
+        "_server_blocked", "_services", "_sources", "mx", "relay",
+    )  # fmt: skip
+
+    def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
+        self._services = services
+        self._loop = services.loop
+        self._client: asyncio.Transport | None = client
+        self._client_paused = False  # we stopped reading from the client
+        self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
+        self._client_tls = False  # the client's TLS handshake is under way: no writes
+        self._early = bytearray()  # client bytes decrypted before the handshake was reported
+        self._server_blocked = False  # the MX is not reading what we write
+        timeouts = services.relay_config.timeouts
+        self._deadline = Deadline(
+            self._loop, data_block=timeouts.data_block, min_rate=timeouts.client_min_rate,
+            expired=partial(self._feed, ev.TimerExpired()), write_timed_out=self._write_timed_out,
+        )  # fmt: skip
+        self._max_backlog = services.relay_config.max_pending_input
+        self._lingering: LingeringClose | None = None  # a closed client, drained before close
+        self._jobs = Jobs(self._loop)
+        self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
+        self._fair: Borrowing | None = None  # fair sharing: its place in the line
+        self._peer = ""  # the client's address
+        self._sources: SourceFeedback | None = None  # source pools: what the MX says counts
+        self.mx: MxLeg
+        self.relay: Relay | None = None
+        self._prepare(client)
+
+    # ------------------------------------------------------------ set-up
+    def _prepare(self, client: asyncio.Transport) -> None:
+        services = self._services
+        settings = services.settings
+        peer = client.get_extra_info("peername") or ("?", 0)
+        # the socket (a syscall to make) only where it is needed: SO_ORIGINAL_DST
+        sock = client.get_extra_info("socket") if settings.upstream is None else None
+        refusal = None
+        destination = ("", 0)
+        try:
+            destination = services.route(sock)
+        except OSError as exc:
+            log.warning("cannot route %s: %s", format_address(peer), exc)
+            refusal = services.routing_failure(str(exc), peer[0])
+        now = time.time()
+        if refusal is None:
+            refusal = services.admit(peer[0], destination, sock)
+        self.mx = MxLeg(services, destination, feed=self._feed, protocol=self._mx_side)
+        dest = format_address(destination)
+        mx_ip = plain_host(destination[0])
+        self._peer = client_ip = plain_host(peer[0])
+        tenant = services.tenant_of(peer[0])
+        if services.sources.configured and refusal is None:
+            self.mx.source = services.sources.choose(
+                tenant=tenant, client_ip=client_ip, mx_ip=mx_ip, now=now
+            )
+            self._sources = SourceFeedback(
+                services.sources, mx_ip=mx_ip, source_ip=lambda: self.mx.source_ip,
+                rules=settings.fair.deferral_rules,
+            )  # fmt: skip
+        fair = services.destinations
+        cached = None
+        if fair is not None and refusal is None:
+            key = (self.mx.source_ip or "", mx_ip, destination[1])
+            self._fair = Borrowing(
+                fair.get(key),
+                tenant,
+                tickets=fair,
+                mx=self.mx,
+                feed=self._feed,
+                feed_soon=self._feed_soon,
+                is_open=self._relay_open,
+                dial=self._dial,
+                deferral_rules=settings.fair.deferral_rules,
+            )
+            cached = self._fair.destination.memo
+            self._fair.hello_name = self.mx.source.ehlo if self.mx.source is not None else None
+        reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
+        self.relay = Relay(
+            config=services.relay_config,
+            session_id=services.new_session_id(),
+            client=format_address(peer),
+            destination=dest,
+            source_ip=self.mx.source_ip,
+            tls_allowed=services.tls_allowed(dest, now) and services.mx_tls.allowed(mx_ip),
+            tls_required=refusal is None and services.mx_tls.required(mx_ip),
+            refusal=refusal,
+            reused=reused,
+            may_release=services.pool is not None,
+            borrowed=self._fair is not None,
+            cached=cached,
+            client_tls=services.client_tls_context is not None,
+            now=self._loop.time(),  # the relay's clock is monotonic; its records, wall time
+            wall=now - self._loop.time(),
+        )
+
+    @property
+    def destination(self) -> tuple[str, int]:
+        return self.mx.destination
+
+    def begin(self) -> None:
+        """Start the relay (in ``connection_made``, before any data can arrive)."""
+        relay = self.relay
+        assert relay is not None
+        self._perform(relay.start())
+        if relay.closed:  # refused: nothing to wait for
+            self._jobs.stop()
+
+    async def run(self) -> None:
+        """The connection's lifetime: do the relay's jobs until it closes."""
+        relay = self.relay
+        assert relay is not None
+        try:
+            while (job := await self._jobs.next()) is not None:
+                await job()
+        except Exception as exc:
+            log.exception("session %s: internal error", relay.session_id)
+            if not relay.closed:
+                self._feed(ev.InternalError(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._teardown()
+
+    # ------------------------------------------------------------ events in
+    def _feed(self, event: ev.Event) -> None:
+        relay = self.relay
+        if relay is not None and not relay.closed:
+            self._step(relay, relay.handle, event)
+
+    def on_data(self, from_client: bool, data: bytes) -> None:
+        """Bytes from either side: the hot path (``Relay.client_data``/``server_data``).
+
+        The MX's silence is measured from its last byte. The client's deadline is not
+        restarted by a partial line or a body chunk, only extended by the chunk's size at
+        ``client_min_rate``; the relay restarts it (``SetTimer``) when a line completes.
+        """
+        if from_client and self._client_tls:
+            # TLS data, decrypted, that the client sent right after its handshake (before
+            # the handshake's end was reported to the relay): given to it after that.
+            self._early += data
+            if len(self._early) > self._max_backlog and self._client is not None:
+                self._client.abort()
+            return
+        relay = self.relay
+        if relay is None or relay.closed:
+            lingering = self._lingering
+            if from_client and lingering is not None and lingering.transport is not None:
+                lingering.drain(len(data))
+            return
+        self._deadline.heard(from_client, len(data))
+        if not from_client and self.mx.settling:  # the first reply over TLS: it can be kept
+            self.mx.tls_settled()
+        self._step(relay, relay.client_data if from_client else relay.server_data, data)
+
+    def _step(
+        self, relay: Relay, call: Callable[[_In, float], list[act.Action]], what: _In
+    ) -> None:
+        """Give the relay one input, perform its actions, then stop or resume reading the
+        client's backlog. A bug of ours becomes 421 4.3.0 for this connection, never a
+        crash of the server and never a 2xx."""
+        try:
+            actions = call(what, self._loop.time())
+        except Exception as exc:
+            log.exception("session %s: internal error", relay.session_id)
+            self._internal_failure(relay, exc)
+            return
+        self._perform(actions)
+        client = self._client
+        if client is not None and not self._client_eof:
+            backlog = relay.client_backlog > self._max_backlog
+            if backlog != self._client_paused and not client.is_closing():
+                self._client_paused = backlog
+                if backlog:
+                    client.pause_reading()
+                elif not self._server_blocked:
+                    client.resume_reading()
+        if relay.closed:
+            self._jobs.stop()
+
+    def _internal_failure(self, relay: Relay, exc: Exception) -> None:
+        """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
+        try:
+            self._perform(
+                relay.handle(ev.InternalError(f"{type(exc).__name__}: {exc}"), self._loop.time())
+            )
+        except Exception:
+            log.exception("session %s: cannot even report the error; closing", relay.session_id)
+            self.mx.abort()
+            if self._client is not None:
+                self._client.abort()
+            self._client = None
+            self.relay = None
+        self._jobs.stop()
+
+    def on_eof(self, from_client: bool) -> bool:
+        """End of stream from one side. The client's is a half-close, not a loss: it
+        still reads, so its transport stays open for the replies it is owed (the relay
+        closes it when none is left). The MX's ends that leg."""
+        if not from_client:
+            self.on_closed(False, "end of stream")
+            return False
+        if self._client is None or self._client_eof:
+            return False  # closed by us already (a lingering close): let it go
+        self._client_eof = True
+        self._feed(ev.ClientEof())
+        return self._client is not None
+
+    def on_closed(self, from_client: bool, reason: str) -> None:
+        if from_client:
+            if self._client is not None:
+                self._client = None
+                self._feed(ev.ClientClosed())
+        elif self.mx.transport is not None:
+            self.mx.transport = None
+            # The relay first: a connection lost during its set-up goes back in line
+            # (``Requeue``), which needs the slot it held; otherwise the slot is free.
+            self._feed(ev.ServerClosed(reason))
+            self._let_go()
+
+    def on_write_paused(self, to_client: bool, paused: bool) -> None:
+        other = self.mx.transport if to_client else self._client
+        if not to_client:
+            self._server_blocked = paused
+            if self._filters is not None:
+                self._filters.server_writable(not paused)
+            self._deadline.blocked(paused)
+        if other is not None and not other.is_closing():
+            if paused:
+                other.pause_reading()
+            elif not (other is self._client and self._client_paused):
+                other.resume_reading()
+
+    def shutdown(self, forced: bool) -> None:
+        self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
+
+    def abort(self) -> None:
+        """The operator ends the session (``ctl abort``): 421, its own close reason."""
+        self._feed(ev.Aborted())
+
+    def held_lines(self) -> tuple[tuple[int, float, str, str], ...]:
+        """The transcript lines the relay holds, not yet in the log."""
+        return self.relay.held_lines() if self.relay is not None else ()
+
+    def live(self) -> dict[str, object] | None:
+        """The session as the admin API shows it (None: no relay, or closed)."""
+        relay = self.relay
+        if relay is None or relay.closed:
+            return None
+        view = relay.live()
+        return {
+            "id": view.session_id, "client": view.client, "tenant": self._services.tenant_of(
+                self._peer), "destination": view.destination, "source": view.source_ip,
+            "phase": view.phase, "opened_at": view.opened_at, "messages": view.messages,
+            "bytes": view.relayed_bytes, "mail_from": view.mail_from,
+        }  # fmt: skip
+
+    # ------------------------------------------------------------ actions out
+    def _perform(self, actions: list[act.Action]) -> None:
+        # Commonest first: this runs for every chunk relayed.
+        for action in actions:
+            if isinstance(action, act.SendToClient):
+                if self._client is not None and not self._client_tls:
+                    self._client.write(action.data)
+            elif isinstance(action, act.SendToServer):
+                server = self.mx.transport
+                if server is not None:
+                    server.write(action.data)
+            elif isinstance(action, act.Log):
+                record = action.record
+                self._services.submit_record(record)
+                if self._fair is not None:
+                    self._fair.observe(record)
+                if self._sources is not None and isinstance(record, TransactionEnded):
+                    self._sources.transaction(record)
+            elif isinstance(action, act.SetTimer):
+                self._deadline.arm(action.seconds, action.on_server)
+            else:
+                self._perform_rare(action)
+
+    def _perform_rare(self, action: act.Action) -> None:
+        match action:
+            case act.ConnectServer():
+                self._dial()
+            case act.StartServerTls():
+                if self.mx.transport is not None:
+                    self.mx.transport.pause_reading()
+                self._jobs.add(self.mx.start_tls_by_policy)
+            case act.StartClientTls():
+                client, context = self._client, self._services.client_tls_context
+                if client is not None and context is not None and not client.is_closing():
+                    self._client_tls = True
+                    side = cast(asyncio.Protocol, client.get_protocol())
+                    tls = ServerTlsTransport(self._loop, client, context, side)
+                    self._client = tls
+                    self._jobs.add(partial(self._client_handshake, tls))
+                else:  # (gone, or a bug of ours: no context, yet TLS was offered)
+                    self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
+            case act.CloseServer():
+                if self._fair is None or not self.mx.close_counted():
+                    self.mx.close()
+                    self._let_go()
+            case act.CloseClient(linger):
+                client, self._client = self._client, None
+                if client is not None:
+                    if self._client_tls:  # mid-handshake: nothing more can be said
+                        client.abort()
+                    elif linger:
+                        self._linger(client)
+                    else:
+                        client.close()
+                if self._filters is not None:
+                    self._filters.cancel()
+            case act.SpoolData(data):
+                self._driver().spool(data)
+            case act.RunFilters():
+                self._jobs.add(partial(self._run_filters, action))
+            case act.SendSpooled():
+                self._jobs.add(self._send_spooled)
+            case act.DropSpool():
+                if self._filters is not None:
+                    self._filters.drop()
+            case act.ReleaseServer(state, keep):
+                if self._fair is None:
+                    self.mx.release(state)
+                else:
+                    self._fair.release(state, keep=keep)
+            case act.AcquireServer(sender, recipient):
+                assert self._fair is not None, "only a borrowing relay asks for a slot"
+                if self._sources is not None:
+                    self._choose_source(self._fair, sender, recipient)
+                self._fair.ask()
+            case act.CancelAcquire():
+                if self._fair is not None:
+                    self._fair.cancel()
+            case act.Requeue(reason, capacity):
+                self.mx.abort()
+                if self._fair is None:
+                    self._feed_soon(ev.ServerConnectFailed(reason))
+                else:
+                    self._fair.requeue(reason, capacity=capacity)
+            case act.MxDeferred(code, text):
+                if self._fair is not None:
+                    self._fair.deferred(code, text)
+                if self._sources is not None:
+                    self._sources.deferred(code, text)
+            case act.TlsBroken():
+                self._services.tls_failed(format_address(self.destination), time.time())
+            case act.CheckTlsPolicy(domain):
+                self._jobs.add(partial(self._check_tls_policy, domain))
+            case _:
+                log.error("session %s: unknown relay action %r", self._session_id(), action)
+
+    # ------------------------------------------------------------ source addresses
+    def _choose_source(self, fair: Borrowing, sender: str, recipient: str) -> None:
+        """A transaction asks for a connection: its source address, chosen again now that
+        its sender is known (the session's kept while eligible); its (source, MX) is the
+        destination whose fair share it waits in."""
+        services, mx = self._services, self.mx
+        current = mx.source_ip
+        host, port = self.destination
+        mx_ip = plain_host(host)
+        source = services.sources.choose(
+            tenant=fair.tenant, client_ip=self._peer, mx_ip=mx_ip, now=time.time(),
+            sender=sender or None, recipient=recipient or None, current=current,
+        )  # fmt: skip
+        mx.source = source
+        fair.hello_name = source.ehlo if source is not None else None
+        new_ip = source.address if source is not None else None
+        destinations = services.destinations
+        if new_ip != current and destinations is not None:
+            fair.move(destinations.get((new_ip or "", mx_ip, port)))
+
+    async def _check_tls_policy(self, domain: str) -> None:
+        self._feed(await self.mx.check_policy(domain))
+
+    async def _client_handshake(self, tls: ServerTlsTransport) -> None:
+        """The client's TLS handshake (``StartClientTls``), within its deadline."""
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                await tls.handshake
+        except (*errors.TLS_ERRORS, ssl.SSLError) as exc:
+            self._client_tls = False
+            if self._client is tls:
+                self._client = None
+            tls.abort()
+            reason = "handshake timeout" if isinstance(exc, TimeoutError) else str(exc)
+            self._feed(ev.ClientTlsFailed(reason or type(exc).__name__))
+            return
+        self._client_tls = False
+        if self._client is not tls:  # closed meanwhile
+            return
+        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
+        version = tls.get_extra_info("ssl_object").version()
+        self._feed(ev.ClientTlsStarted(version or "?", cipher[0]))
+        early, self._early = bytes(self._early), bytearray()
+        if early:
+            self.on_data(True, early)
+
+    def _relay_open(self) -> bool:
+        return self.relay is not None and not self.relay.closed
+
+    def _dial(self) -> None:
+        """Connect to the MX (a job: after what the relay asked before it)."""
+        self._jobs.add(partial(self.mx.connect, self._relay_open))
+
+    def _mx_side(self) -> Side:
+        """The MX transport's protocol (a new connection's notes its greeting's time)."""
+        probe = self._fair.probe if self._fair is not None else None
+        if probe is not None and probe.greeting is None:
+            return GreetingWatch(self, probe)
+        return Side(self, client=False)
+
+    def _feed_soon(self, event: ev.Event) -> None:
+        """An event for the relay on the loop's next turn (never inside its own step)."""
+        self._loop.call_soon(self._feed, event)
+
+    def _let_go(self) -> None:
+        """The MX connection is over: its slot is free."""
+        hold = self.mx.let_go()
+        if hold is not None:
+            hold.destination.lost(hold)
+
+    def _linger(self, client: asyncio.Transport) -> None:
+        """Close the client without destroying our last replies (``runtime.linger``)."""
+        self._lingering = LingeringClose(self._loop)
+        self._lingering.start(client)
+
+    def _session_id(self) -> str:
+        return self.relay.session_id if self.relay is not None else "?"
+
+    def _write_timed_out(self) -> bool:
+        """The MX stopped reading: given up, with what it did not take."""
+        if self.mx.transport is None:
+            return False
+        self.mx.abort()
+        self._feed(errors.write_timed_out())
+        return True
+
+    # ------------------------------------------------------------ filter mode
+    async def _run_filters(self, run: act.RunFilters) -> None:
+        relay = self.relay
+        if relay is None or relay.closed:
+            return
+        peer = self._client.get_extra_info("peername") if self._client else None
+        client = ClientInfo(
+            session_id=relay.session_id,
+            client_ip=peer[0] if peer else "",
+            client_port=peer[1] if peer else 0,
+            destination=format_address(self.destination),
+            helo=run.helo,
+            source_ip=self.mx.source_ip,
+        )
+        decided = await self._driver().decide(run, client)
+        if decided is not None:
+            self._feed(decided)
+
+    async def _send_spooled(self) -> None:
+        await self._driver().send(self.mx.write)
+
+    def _driver(self) -> FilterDriver:
+        """The connection's filter-mode state, made when filter mode first needs it."""
+        if self._filters is None:
+            services = self._services
+            self._filters = FilterDriver(
+                services.settings, services.filter_chain, writable=not self._server_blocked
+            )
+        return self._filters
+
+    def _teardown(self) -> None:
+        if self._filters is not None:
+            self._filters.drop()
+        self._deadline.cancel()
+        self.mx.close()
+        self._let_go()
+        if self._fair is not None:
+            self._fair.end()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self.mx.forget()
+        self._services.ended(self)

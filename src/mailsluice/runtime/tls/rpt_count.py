@@ -1,0 +1,80 @@
+"""TLS report counts the per-domain check does not make (RFC 8460, ``tlsrpt = true``).
+
+The check (``tlsgate.TlsGate``) counts each recipient domain's result when it runs: only
+when a policy can ask more than opportunistic TLS (a rule, ``default_level`` above
+``may``, a resolver for DANE and MTA-STS). The docs promise every session, so the relay's
+log records fill in what it does not see (``TlsRptCounter.tee``, on the records' way to
+the session log, no I/O):
+
+* without the check, each transaction's recipient domains that the MX accepted are
+  counted as the check would count them: no policy found, level ``may``, a success;
+* a session the proxy ended with ``421 4.7.5`` because the destination requires TLS and
+  its MX offered no STARTTLS, or refused it (close reason ``tls-required``), before any
+  recipient was known: a ``starttls-not-supported`` failure for each domain whose policy
+  made that MX require TLS (DANE, MTA-STS). (A requirement of the operator's own, a rule
+  or ``default_level``, has no policy domain to report to.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mailsluice.policy.tls.model import Level, Policy, Result, Source, Verdict
+from mailsluice.relay.records import Record, SessionClosed, SessionOpened, TransactionEnded
+from mailsluice.relay.tlscheck import recipient_domain
+from mailsluice.runtime.net.dialer import plain_host
+from mailsluice.runtime.tls.gate import ResultLog
+from mailsluice.runtime.tls.policies import TlsPolicyService
+
+__all__ = ["TlsRptCounter"]
+
+MAX_SESSIONS = 100_000  # sessions followed at once (more: their refusals go uncounted)
+_SUCCESS = Verdict(True, Result.SUCCESS, "no policy: opportunistic TLS, not checked")
+_NO_STARTTLS = Verdict(
+    False, Result.STARTTLS_NOT_SUPPORTED, "the MX offered no STARTTLS, or refused it"
+)
+
+
+class TlsRptCounter:
+    """See the module docstring. ``checked``: the per-domain check runs (it counts the
+    transactions' domains itself)."""
+
+    def __init__(self, results: ResultLog, policies: TlsPolicyService, *, checked: bool) -> None:
+        self._results = results
+        self._policies = policies
+        self._checked = checked
+        self._open: dict[str, tuple[str, str]] = {}  # session -> (MX address, source)
+
+    def tee(self, submit: Callable[[Record], None]) -> Callable[[Record], None]:
+        """``submit``, and each record counted."""
+
+        def counted(record: Record) -> None:
+            submit(record)
+            kind = type(record)
+            if kind is SessionOpened or kind is TransactionEnded or kind is SessionClosed:
+                self.see(record)
+
+        return counted
+
+    def see(self, record: Record) -> None:
+        if isinstance(record, SessionOpened):
+            if len(self._open) < MAX_SESSIONS:
+                host = record.destination.rpartition(":")[0].strip("[]")
+                self._open[record.session_id] = (plain_host(host), record.source_ip or "")
+        elif isinstance(record, TransactionEnded):
+            where = self._open.get(record.session_id)
+            if where is not None and not self._checked:
+                domains = {recipient_domain(a.encode()) for a in record.accepted_rcpt_to}
+                for domain in sorted(d for d in domains if d):
+                    self._count(Policy(domain, Level.MAY, Source.DEFAULT), _SUCCESS, where,
+                                record.ended_at)  # fmt: skip
+        elif isinstance(record, SessionClosed):
+            where = self._open.pop(record.session_id, None)
+            if where is not None and record.reason == "tls-required":
+                for policy in self._policies.required_policies(where[0]):
+                    self._count(policy, _NO_STARTTLS, where, record.at)
+
+    def _count(self, policy: Policy, verdict: Verdict, where: tuple[str, str], at: float) -> None:
+        mx_ip, source = where
+        self._results.record(policy, verdict, sending_ip=source, mx_host=policy.mx_host,
+                             mx_ip=mx_ip, now=at)  # fmt: skip

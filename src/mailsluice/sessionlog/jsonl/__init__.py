@@ -1,0 +1,1 @@
+"""The JSON-lines session log: the writer (with rotation) and its reader."""

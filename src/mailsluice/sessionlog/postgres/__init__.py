@@ -1,0 +1,1 @@
+"""The PostgreSQL session log: the writer, its schema and migrations, the reader."""

@@ -1,0 +1,1 @@
+"""The SQLite session log (the default): the writer and its reader."""

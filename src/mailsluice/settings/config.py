@@ -1,0 +1,474 @@
+"""Configuration: the TOML file and the command-line flags, merged into one frozen value.
+
+Flags override the file; the file overrides the embedded defaults. Every problem is
+reported with the TOML key it concerns and what to write instead (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
+from mailsluice.settings.fair import FairConfigError, FairSettings
+from mailsluice.settings.fair import parse as parse_fair
+from mailsluice.settings.filters import (
+    FilteringSettings,
+    FilterSpec,
+    PluginConfigError,
+    PluginSpec,
+    parse_filtering,
+    parse_filters,
+    parse_plugins,
+)
+from mailsluice.settings.fleet import (
+    SharedState,
+    SharedStateError,
+    parse_gateway_name,
+    parse_shared_state,
+)
+from mailsluice.settings.keyhints import TABLE_KEYS, hint
+from mailsluice.settings.logplace import DEFAULT_LOG as DEFAULT_LOG
+from mailsluice.settings.sources import SourceConfigError, SourceSettings
+from mailsluice.settings.sources import check as check_sources
+from mailsluice.settings.sources import parse as parse_sources
+from mailsluice.settings.tls import CLIENT_KEYS, TlsConfigError, TlsSettings
+from mailsluice.settings.tls import parse as parse_tls
+
+DEFAULT_LISTEN = "127.0.0.1:10025"
+#: in ``allow``: this host's own addresses, read from its interfaces at start
+#: (``runtime.localaddrs``): the clients of the same-host OUTPUT REDIRECT
+ALLOW_LOCAL: Literal["local"] = "local"
+DEFAULT_ALLOW: tuple[str, ...] = (
+    ALLOW_LOCAL,
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "fc00::/7",
+)
+
+
+#: every key of the top level (a table's name included), for ``did you mean``
+TOP_KEYS = (
+    "listen", "upstream", "outbound_ip", "allow", "log", "state_file", "admin_listen",
+    "admin_token_file", "log_queue_limit", "workers", "max_connections",
+    "max_connections_per_client", "shutdown_grace", "reuse_connections", "reuse_idle_timeout",
+    "reuse_max_age", "reuse_max_idle", "reuse_max_sessions", "log_process", "verbose",
+    "message_size_limit", "max_recipients", "bare_newline", "tls", "log_headers", "xverp",
+    "hostname", "timeouts", "log_sinks", "filtering", "filters", "plugins", "fair_sharing",
+    "destinations", "tenants", "deferral_rules", *CLIENT_KEYS, "tls_policy", "tls_policies",
+    "source_addresses", "source_rules", "source_penalty", "shared_state", "gateway_name",
+)  # fmt: skip
+
+AllowEntry = ipaddress.IPv4Network | ipaddress.IPv6Network | Literal["local"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    # one address, or several (``listen = ["0.0.0.0:10025", "[::]:10025"]``): read it
+    # through ``listen_addresses``. (A single HostPort stays accepted for code that builds
+    # Settings itself.)
+    listen: HostPort | tuple[HostPort, ...] = field(
+        default_factory=lambda: parse_host_port(DEFAULT_LISTEN, "listen")
+    )
+    upstream: HostPort | None = None  # None = transparent (SO_ORIGINAL_DST)
+    outbound_ip: str | None = None
+    # client networks; ``"local"`` (ALLOW_LOCAL) stands for this host's own addresses,
+    # read from its interfaces when the proxy starts (``runtime.localaddrs``)
+    allow: tuple[AllowEntry, ...] = field(
+        default_factory=lambda: _allow(list(DEFAULT_ALLOW), "allow")
+    )
+    # None: the default place (``logplace``: /var/lib/mailsluice/sessions.db, or a
+    # fallback said on stderr), resolved when the log is opened; else a log URL
+    log: str | None = None
+    log_queue_limit: int = 100_000  # records held for the log writer before dropping
+    log_process: bool = True  # write the log from a child process (off: a thread)
+    max_connections: int = 1000  # sessions per worker; over it: 421 4.3.2
+    # sessions per client address per worker, 0 = no cap; over it: 421 4.7.0. 200 = twice
+    # Postfix's default_process_limit: one MSA's outbound connections all come from one
+    # address, and the cap must not regulate legitimate traffic (only a runaway client).
+    max_connections_per_client: int = 200
+    workers: int = 1  # processes sharing the listening port (SO_REUSEPORT)
+    shutdown_grace: float = 60.0  # seconds in-flight transactions get on SIGTERM
+    # connection reuse (``runtime.upstreampool``): an MX connection a session leaves
+    # cleanly waits this long for the same client's next session to that destination
+    reuse_connections: bool = False
+    reuse_idle_timeout: float = 5.0  # seconds unused before it is closed (QUIT)
+    reuse_max_age: float = 300.0  # seconds after the dial: not kept any longer
+    reuse_max_idle: int = 32  # idle connections kept per (client, destination, source)
+    reuse_max_sessions: int = 100  # client sessions one MX connection carries at most
+    verbose: bool = False
+    relay: RelayConfig = field(default_factory=RelayConfig)
+    log_sinks: tuple[str, ...] = ()  # more sinks fed the same records (postgresql:, webhook:, ...)
+    plugins: tuple[PluginSpec, ...] = ()  # watching plugins
+    filters: tuple[FilterSpec, ...] = ()  # the message filter chain, in order
+    filtering: FilteringSettings = field(default_factory=FilteringSettings)
+    # fair sharing of a destination between tenants: late binding, the waiting room,
+    # learned limits ([fair_sharing], [[destinations]], [[tenants]], [[deferral_rules]])
+    fair: FairSettings = field(default_factory=FairSettings)
+    # TLS on both legs: client_tls_*, [tls_policy], [[tls_policies]] (``tlsconfig``)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    # source addresses: [[source_addresses]], [[source_rules]], source_penalty (``sourceconfig``)
+    sources: SourceSettings = field(default_factory=SourceSettings)
+    # the destinations' state (``mailsluice destinations``, learned limits kept across
+    # restarts); None: ``destinations.json`` beside a file log, else not written
+    state_file: str | None = None
+    # set by the supervisor: the workers share the broker's scheduler (not a setting)
+    shared_fair: bool = False
+    # the admin HTTP server (``runtime.admin``: /metrics, /healthz, /readyz); None = off
+    admin_listen: HostPort | None = None
+    admin_token_file: str | None = None  # a bearer token, read from this file at start
+    # names the admin server answers to besides its addresses and localhost (the Host
+    # header: DNS rebinding), lower case, no trailing dot (``runtime.admin.guard``)
+    admin_allowed_hosts: tuple[str, ...] = ()
+    # several gateways, one set of limits (``fleetconfig``, ``runtime.fleet``): the Redis
+    # URL (None: this gateway schedules alone), and this gateway's name (None: the host's)
+    shared_state: SharedState | None = None
+    gateway_name: str | None = None
+
+    @property
+    def listen_addresses(self) -> tuple[HostPort, ...]:
+        """Every address to listen on, in the order given."""
+        return self.listen if isinstance(self.listen, tuple) else (self.listen,)
+
+
+def parse_host_port(value: str, key: str) -> HostPort:
+    """Parse ``host:port`` or ``[v6]:port``."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]:")
+    else:
+        host, sep, rest = text.rpartition(":")
+    if not sep or not host or not rest.isdigit() or not 0 < int(rest) < 65536:
+        raise ConfigError(f"{key}: {value!r} is not HOST:PORT (e.g. 127.0.0.1:10025 or [::1]:25)")
+    return HostPort(host, int(rest))
+
+
+def _listen(raw: object, key: str) -> HostPort | tuple[HostPort, ...]:
+    """``"HOST:PORT"``, or a list of them (each address once, in the order given)."""
+    if isinstance(raw, str):
+        return parse_host_port(raw, key)
+    if not isinstance(raw, list):
+        raise ConfigError(
+            f"{key}: expected a string or a list of strings, got {raw!r} "
+            '(e.g. listen = ["0.0.0.0:10025", "[::]:10025"])'
+        )
+    if not raw:
+        raise ConfigError(f"{key}: the list is empty; give at least one HOST:PORT")
+    return tuple(dict.fromkeys(parse_host_port(_string(item, key), key) for item in raw))
+
+
+def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ConfigError(
+            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8) "
+            f"or {ALLOW_LOCAL!r} (this host's own addresses)"
+        ) from None
+
+
+def _allow(raw: list[object], key: str) -> tuple[AllowEntry, ...]:
+    """An ``allow`` list: networks, and maybe ``local`` (each entry once)."""
+    entries: list[AllowEntry] = []
+    for item in raw:
+        text = _string(item, key).strip()
+        entries.append(ALLOW_LOCAL if text == ALLOW_LOCAL else _network(text, key))
+    return tuple(dict.fromkeys(entries))
+
+
+def _ip(value: str, key: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ConfigError(f"{key}: {value!r} is not an IP address") from None
+
+
+def _log_url(value: str, key: str) -> str:
+    return _sink_url(value, key)
+
+
+def _sink_url(value: str, key: str) -> str:
+    from mailsluice.sessionlog.codec import parse_log_url
+
+    try:
+        parse_log_url(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return value
+
+
+def _fleet(key: str, value: str) -> SharedState | str | None:
+    try:
+        if key == "gateway_name":
+            return parse_gateway_name(value)
+        return parse_shared_state(value) if value.strip() else None
+    except SharedStateError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _number(raw: object, key: str, *, minimum: float = 0.0, integer: bool = False) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    if integer and not isinstance(raw, int):
+        raise ConfigError(f"{key}: expected a whole number, got {raw!r}")
+    if raw < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum:g}, got {raw!r}")
+    return raw
+
+
+def _string(raw: object, key: str) -> str:
+    if not isinstance(raw, str):
+        raise ConfigError(f"{key}: expected a string, got {raw!r}")
+    return raw
+
+
+def _choice(raw: object, key: str, allowed: tuple[str, ...]) -> str:
+    text = _string(raw, key)
+    if text not in allowed:
+        raise ConfigError(f"{key}: {text!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def _timeouts(table: object, base: Timeouts) -> Timeouts:
+    if not isinstance(table, Mapping):
+        raise ConfigError("timeouts: expected a table, e.g. [timeouts]")
+    known = TABLE_KEYS["timeouts"]  # (hold_max is fair_sharing's: the relay gets it there)
+    changes: dict[str, float] = {}
+    for key, raw in table.items():
+        if key not in known:
+            raise ConfigError(
+                f"timeouts.{key}: unknown timeout{hint(key, known, 'timeouts')}; known: "
+                f"{', '.join(sorted(known))}"
+            )
+        changes[key] = _number(raw, f"timeouts.{key}", minimum=0.001)
+    return replace(base, **changes)
+
+
+def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None) -> Settings:
+    """Build settings from a parsed TOML document (keys as in ``docs/configuration.md``)."""
+    try:
+        settings = _settings_from_mapping(data, base or Settings())
+    except PluginConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if settings.filters:  # filter mode: the relay takes each message whole before the MX
+        if not settings.relay.message_size_limit:
+            raise ConfigError(
+                "message_size_limit: 0 (no limit) cannot be used with filters, since each "
+                "message is held whole while they run; set a limit, e.g. 52428800"
+            )
+        relay = replace(
+            settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
+        )
+        settings = replace(settings, relay=relay)
+    check_admin(settings)
+    return settings
+
+
+def check_admin(settings: Settings) -> None:
+    """``admin_listen`` off a loopback address needs ``admin_token_file`` (never a public
+    admin server without a token)."""
+    where = settings.admin_listen
+    if where is None or settings.admin_token_file:
+        return
+    try:
+        loopback = ipaddress.ip_address(where.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = where.host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"admin_listen: {where} is not a loopback address; set admin_token_file (a file "
+            "holding the bearer token) or listen on 127.0.0.1 / [::1]"
+        )
+
+
+_HOST_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _allowed_hosts(raw: object, key: str) -> tuple[str, ...]:
+    """``admin_allowed_hosts``: DNS names or IP addresses, no scheme, port or wildcard."""
+    example = 'e.g. admin_allowed_hosts = ["admin.example.net", "192.0.2.10"]'
+    if not isinstance(raw, list):
+        raise ConfigError(f"{key}: expected a list of host names, {example}")
+    out: list[str] = []
+    for item in raw:
+        text = item.strip().lower() if isinstance(item, str) else ""
+        try:
+            out.append(str(ipaddress.ip_address(text.strip("[]"))))
+            continue
+        except ValueError:
+            pass
+        name = text.rstrip(".")
+        labels = name.split(".")
+        if not name or len(name) > 253 or not all(_HOST_LABEL.fullmatch(p) for p in labels):
+            raise ConfigError(
+                f"{key}: {item!r} is not a host name or an IP address; list the names the "
+                f"admin server is reached by (the Host header), without scheme, port or "
+                f"wildcard, {example}"
+            )
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Settings:
+    relay = settings.relay
+    top: dict[str, Any] = {}
+    fair_keys = ("fair_sharing", "destinations", "tenants", "deferral_rules")
+    if any(key in data for key in fair_keys):
+        table = data.get("fair_sharing")
+        if table is not None and not isinstance(table, Mapping):
+            raise ConfigError("fair_sharing: expected a table, e.g. [fair_sharing]")
+        try:
+            top["fair"] = parse_fair(table, *(data.get(k) for k in fair_keys[1:]))
+        except FairConfigError as exc:
+            raise ConfigError(str(exc)) from None
+    tls_keys = (*CLIENT_KEYS, "tls_policy", "tls_policies")
+    if any(key in data for key in tls_keys):
+        client = {key: data[key] for key in CLIENT_KEYS if key in data}
+        try:
+            top["tls"] = parse_tls(client, data.get("tls_policy"), data.get("tls_policies"))
+        except TlsConfigError as exc:
+            raise ConfigError(str(exc)) from None
+    source_keys = ("source_addresses", "source_rules", "source_penalty")
+    if any(key in data for key in source_keys):
+        try:
+            top["sources"] = parse_sources(*(data.get(k) for k in source_keys))
+            fair = top.get("fair", settings.fair)
+            tenants = tuple(group.name for group in fair.tenants)
+            check_sources(top["sources"], fair_sharing=fair.enabled, tenants=tenants)
+        except SourceConfigError as exc:
+            raise ConfigError(str(exc)) from None
+    for key, raw in data.items():
+        if key in tls_keys or key in source_keys:
+            continue  # read above, together
+        match key:
+            case "fair_sharing" | "destinations" | "tenants" | "deferral_rules":
+                pass  # read above, together
+            case "listen":
+                top["listen"] = _listen(raw, key)
+            case "upstream":
+                top["upstream"] = parse_host_port(_string(raw, key), key) if raw else None
+            case "outbound_ip":
+                top["outbound_ip"] = _ip(_string(raw, key), key) if raw else None
+            case "allow":
+                if not isinstance(raw, list):
+                    raise ConfigError(
+                        "allow: expected a list of networks, e.g. ['local', '10.0.0.0/8']"
+                    )
+                top["allow"] = _allow(raw, key)
+            case "log":
+                top["log"] = _log_url(_string(raw, key), key)
+            case "state_file":
+                top["state_file"] = _string(raw, key) or None
+            case "admin_listen":
+                top["admin_listen"] = parse_host_port(_string(raw, key), key) if raw else None
+            case "shared_state" | "gateway_name":
+                top[key] = _fleet(key, _string(raw, key))
+            case "admin_token_file":
+                top["admin_token_file"] = _string(raw, key) or None
+            case "admin_allowed_hosts":
+                top["admin_allowed_hosts"] = _allowed_hosts(raw, key)
+            case "log_queue_limit":
+                top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
+            case "workers":
+                top["workers"] = int(_number(raw, key, minimum=1, integer=True))
+            case "max_connections":
+                top["max_connections"] = int(_number(raw, key, minimum=1, integer=True))
+            case "max_connections_per_client":
+                top["max_connections_per_client"] = int(_number(raw, key, integer=True))
+            case "shutdown_grace":
+                top["shutdown_grace"] = _number(raw, key, minimum=0)
+            case "reuse_connections":
+                if not isinstance(raw, bool):
+                    raise ConfigError("reuse_connections: expected true or false")
+                top["reuse_connections"] = raw
+            case "reuse_idle_timeout":
+                top["reuse_idle_timeout"] = _number(raw, key, minimum=0.001)
+            case "reuse_max_age":
+                top["reuse_max_age"] = _number(raw, key, minimum=0.001)
+            case "reuse_max_idle" | "reuse_max_sessions":
+                top[key] = int(_number(raw, key, minimum=1, integer=True))
+            case "log_process":
+                if not isinstance(raw, bool):
+                    raise ConfigError("log_process: expected true or false")
+                top["log_process"] = raw
+            case "verbose":
+                if not isinstance(raw, bool):
+                    raise ConfigError("verbose: expected true or false")
+                top["verbose"] = raw
+            case "message_size_limit":
+                relay = replace(relay, message_size_limit=int(_number(raw, key, integer=True)))
+            case "max_recipients":
+                relay = replace(
+                    relay, max_recipients=int(_number(raw, key, minimum=1, integer=True))
+                )
+            case "bare_newline":
+                choice = _choice(raw, key, tuple(p.value for p in BareNewlinePolicy))
+                relay = replace(relay, bare_newline=BareNewlinePolicy(choice))
+            case "tls":
+                relay = replace(
+                    relay, tls=TlsMode(_choice(raw, key, tuple(m.value for m in TlsMode)))
+                )
+            case "log_headers":
+                if not isinstance(raw, bool):
+                    raise ConfigError("log_headers: expected true or false")
+                relay = replace(relay, log_headers=raw)
+            case "xverp":
+                if not isinstance(raw, bool):
+                    raise ConfigError("xverp: expected true or false")
+                relay = replace(relay, xverp=raw)
+            case "hostname":
+                relay = replace(relay, hostname=_string(raw, key))
+            case "timeouts":
+                relay = replace(relay, timeouts=_timeouts(raw, relay.timeouts))
+            case "log_sinks":
+                if not isinstance(raw, list):
+                    raise ConfigError("log_sinks: expected a list of log URLs")
+                top["log_sinks"] = tuple(_sink_url(_string(u, key), key) for u in raw)
+            case "filtering":
+                top["filtering"] = parse_filtering(raw)
+            case "filters":
+                top["filters"] = parse_filters(raw)
+            case "plugins":
+                top["plugins"] = parse_plugins(raw)
+            case _:
+                raise ConfigError(
+                    f"{key}: unknown setting{hint(key, TOP_KEYS)} (see docs/configuration.md)"
+                )
+    return replace(settings, relay=relay, **top)
+
+
+def load_file(path: Path, base: Settings | None = None) -> Settings:
+    """Read and validate a TOML configuration file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return settings_from_mapping(data, base)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
