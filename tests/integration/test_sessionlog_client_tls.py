@@ -9,7 +9,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from mailsluice.sessionlog.sqlite.writer import _SCHEMA_V1
 from tests.support import mariadb as mariadb_support
 from tests.support import postgres as pg_support
 from tests.support.log_corpus import write as write_to
@@ -18,6 +17,7 @@ from tests.support.log_session import T0, session
 from mailsluice.relay.records import Record, SessionClosed
 from mailsluice.sessionlog import list_sessions, open_log
 from mailsluice.sessionlog.cli_commands import print_sessions, print_transcript
+from mailsluice.sessionlog.sqlite.writer import _SCHEMA_V1
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from mailsluice.sessionlog.jsonl.writer import JsonlBackend
-from mailsluice.sessionlog.sqlite.writer import SCHEMA_VERSION, SqliteBackend
 from tests.support.log_session import T0, session
 
 from mailsluice.relay.records import (
@@ -27,6 +25,8 @@ from mailsluice.sessionlog import (
     session_with_transcript,
     transcript,
 )
+from mailsluice.sessionlog.jsonl.writer import JsonlBackend
+from mailsluice.sessionlog.sqlite.writer import SCHEMA_VERSION, SqliteBackend
 
 pytestmark = pytest.mark.integration
 
