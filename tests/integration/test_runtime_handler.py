@@ -99,16 +99,16 @@ async def test_backpressure_between_the_two_sides(tmp_path: Path) -> None:
         session.on_write_paused(to_client=True, paused=False)
         assert server.events == ["pause", "resume"]
         # the client is held back for its own backlog: the MX draining must not resume it
-        session._client_paused = True
+        session._flow.client_paused = True
         session.on_write_paused(to_client=False, paused=True)
         session.on_write_paused(to_client=False, paused=False)
         assert client.events == ["pause"]
         # nor may a shrinking backlog while the MX still is not reading
-        session._server_blocked = True
+        session._flow.server_blocked = True
         assert session.relay is not None
         session._step(session.relay, lambda what, now: [], b"")
         assert client.events == ["pause"]
-        assert not session._client_paused
+        assert not session._flow.client_paused
         # a side already closing is left alone
         server.closing = True
         session.on_write_paused(to_client=True, paused=True)

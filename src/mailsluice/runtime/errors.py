@@ -6,8 +6,12 @@ connection raises and hands the relay the fact (httpcore's ``map_exceptions`` pa
 * Dialling: a shortage of our own (descriptors, buffers, memory) is our fault, so
   ``InternalError`` (``421 4.3.0``), not "destination unreachable"; a timeout or any
   other socket error is ``ServerConnectFailed`` (``421 4.4.1``).
-* The TLS handshake: any failure is ``TlsFailed`` (``421 4.7.5``; the destination is
-  remembered as one whose TLS is broken).
+* The TLS handshake with the MX: any failure is ``TlsFailed`` (``421 4.7.5``; the
+  destination is remembered as one whose TLS is broken).
+* The client's TLS handshake (its STARTTLS): any failure, its timeout too, is
+  ``ClientTlsFailed`` (the relay closes the connection).
+* A bug of ours (an exception from the relay or from a job) is ``InternalError``
+  (``421 4.3.0`` for that connection, never a crash and never a 2xx).
 * A write the MX does not take within its deadline is ``ServerClosed``.
 * Closing: a TLS transport whose peer already ended TLS (its close_notify read, in the
   middle of our own callback) refuses ``close()`` with a ``RuntimeError``; ``close``
@@ -18,10 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ssl
 
 from mailsluice.relay import events as ev
 
-__all__ = ["DIAL_ERRORS", "LOCAL_SHORTAGE", "TLS_ERRORS", "close", "dial_failed", "tls_failed"]
+__all__ = [
+    "CLIENT_TLS_ERRORS", "DIAL_ERRORS", "LOCAL_SHORTAGE", "TLS_ERRORS", "client_tls_failed",
+    "close", "dial_failed", "internal_error", "tls_failed", "write_timed_out",
+]  # fmt: skip
 
 #: errors that mean a shortage here, not a problem of the destination
 LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -30,6 +38,8 @@ LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENO
 DIAL_ERRORS = (OSError, TimeoutError)
 #: what the TLS handshake may raise
 TLS_ERRORS = (OSError, TimeoutError, ConnectionError)
+#: what the client's TLS handshake may raise
+CLIENT_TLS_ERRORS = (*TLS_ERRORS, ssl.SSLError)
 
 
 def dial_failed(exc: OSError | TimeoutError) -> ev.Event:
@@ -42,6 +52,15 @@ def dial_failed(exc: OSError | TimeoutError) -> ev.Event:
 
 def tls_failed(exc: BaseException) -> ev.TlsFailed:
     return ev.TlsFailed(str(exc) or type(exc).__name__)
+
+
+def client_tls_failed(exc: BaseException) -> ev.ClientTlsFailed:
+    reason = "handshake timeout" if isinstance(exc, TimeoutError) else str(exc)
+    return ev.ClientTlsFailed(reason or type(exc).__name__)
+
+
+def internal_error(exc: Exception) -> ev.InternalError:
+    return ev.InternalError(f"{type(exc).__name__}: {exc}")
 
 
 def close(transport: asyncio.BaseTransport) -> None:

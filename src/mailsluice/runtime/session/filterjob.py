@@ -135,6 +135,27 @@ class FilterDriver:
             )
         job.add(data)
 
+    async def run(
+        self,
+        run: act.RunFilters,
+        *,
+        session_id: str,
+        peer: tuple[str, int] | None,
+        destination: str,
+        source_ip: str | None,
+    ) -> ev.FilterDecided | None:
+        """``RunFilters`` for the session: ``decide`` with what the filters are told of
+        its client (``peer``: its address, None when it is gone)."""
+        client = ClientInfo(
+            session_id=session_id,
+            client_ip=peer[0] if peer else "",
+            client_port=peer[1] if peer else 0,
+            destination=destination,
+            helo=run.helo,
+            source_ip=source_ip,
+        )
+        return await self.decide(run, client)
+
     async def decide(self, run: act.RunFilters, client: ClientInfo) -> ev.FilterDecided | None:
         """The verdict, or None when ``cancel`` ended the run (the session is over).
 

@@ -9,21 +9,20 @@ for them (the relay never asks for two waits at once), and ends when the relay c
 A job that raises is a bug of ours: ``421 4.3.0`` for this connection, never a crash of
 the server and never a 2xx.
 
-The client's STARTTLS (``StartClientTls``): the relay's 220 is written first, then TLS
-takes the client's connection over at once (``tlstransport.ServerTlsTransport``: every
-later byte is TLS, and the client's half-close still lets our replies out); the
-handshake has ``clienttls.HANDSHAKE_TIMEOUT``, nothing is written meanwhile, and the
-outcome goes back to the relay (``ClientTlsStarted``, or ``ClientTlsFailed`` and a close).
+The handler's collaborators, each in its own module of ``runtime.session``:
+``opening`` (the route, admission, the source address, the place in the destination's
+line, the ``Relay``; the source chosen again at each transaction's ``AcquireServer``),
+``mxleg`` (the MX connection), ``borrowing`` (fair sharing), ``deadline`` (the relay's
+timers, the minimum rate, the MX's write deadline), ``clienttls`` (the client's
+STARTTLS), ``filterjob`` (filter mode), ``linger`` (a close that keeps our last reply),
+``jobs`` (the waits, in order). The MX's reputation deferrals and refusals, and the
+recipient domains of each transaction, go back to the source selector
+(``sources.SourceFeedback``, an observer of the relay's records). Every exception of the
+OS or of TLS becomes an event in ``runtime.errors``.
 
-The source address (``runtime.sources``): chosen when the client connects, by tenant and
-destination; under fair sharing chosen again at each transaction's ``AcquireServer``
-(with its sender), the session's address kept while it is still eligible, its
-``Borrowing`` moved to that (source, MX) destination. The MX's reputation deferrals and
-refusals, and the recipient domains of each transaction, go back to the selector.
-
-Backpressure: a side whose write buffer is full pauses reading on the other side; a
-client that sends more than the relay will hold is paused until the relay catches up.
-Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
+Backpressure (``flow``): a side whose write buffer is full pauses reading on the other
+side; a client that sends more than the relay will hold is paused until the relay catches
+up. Every wait has a deadline (the relay's ``SetTimer``, the connect timeout, the write
 deadline of an MX that stops reading).
 """
 
@@ -31,31 +30,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import TypeVar, cast
 
-from mailsluice.filtering.api import ClientInfo
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.relay.records import TransactionEnded
 from mailsluice.runtime import errors
-from mailsluice.runtime.net.dialer import plain_host
 from mailsluice.runtime.services import ConnectionServices
 from mailsluice.runtime.session.borrowing import Borrowing
+from mailsluice.runtime.session.clienttls import ClientTlsUpgrade
 from mailsluice.runtime.session.deadline import Deadline
 from mailsluice.runtime.session.dialprobe import GreetingWatch
 from mailsluice.runtime.session.filterjob import FilterDriver
+from mailsluice.runtime.session.flow import Flow
 from mailsluice.runtime.session.jobs import Jobs
 from mailsluice.runtime.session.linger import LingeringClose
 from mailsluice.runtime.session.mxleg import MxLeg
+from mailsluice.runtime.session.opening import choose_source, open_session
 from mailsluice.runtime.session.sides import Side, format_address
 from mailsluice.runtime.sources import SourceFeedback
-from mailsluice.runtime.tls.client import HANDSHAKE_TIMEOUT
-from mailsluice.runtime.tls.transport import ServerTlsTransport
 
 __all__ = ["ClientProtocol", "ConnectionHandler"]
 
@@ -85,101 +82,34 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_paused", "_client_tls", "_deadline", "_early",
-        "_fair", "_filters", "_jobs", "_lingering", "_loop", "_max_backlog", "_peer",
-        "_server_blocked", "_services", "_sources", "mx", "relay",
+        "_client", "_client_eof", "_client_tls", "_deadline", "_fair", "_filters", "_flow",
+        "_jobs", "_lingering", "_loop", "_peer", "_services", "_sources", "mx", "relay",
     )  # fmt: skip
 
     def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
         self._services = services
         self._loop = services.loop
         self._client: asyncio.Transport | None = client
-        self._client_paused = False  # we stopped reading from the client
         self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
-        self._client_tls = False  # the client's TLS handshake is under way: no writes
-        self._early = bytearray()  # client bytes decrypted before the handshake was reported
-        self._server_blocked = False  # the MX is not reading what we write
+        self._client_tls: ClientTlsUpgrade | None = None  # its handshake is under way: no writes
         timeouts = services.relay_config.timeouts
         self._deadline = Deadline(
             self._loop, data_block=timeouts.data_block, min_rate=timeouts.client_min_rate,
             expired=partial(self._feed, ev.TimerExpired()), write_timed_out=self._write_timed_out,
         )  # fmt: skip
-        self._max_backlog = services.relay_config.max_pending_input
+        self._flow = Flow(services.relay_config.max_pending_input)  # who may read
         self._lingering: LingeringClose | None = None  # a closed client, drained before close
         self._jobs = Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
-        self._fair: Borrowing | None = None  # fair sharing: its place in the line
-        self._peer = ""  # the client's address
-        self._sources: SourceFeedback | None = None  # source pools: what the MX says counts
-        self.mx: MxLeg
-        self.relay: Relay | None = None
-        self._prepare(client)
-
-    # ------------------------------------------------------------ set-up
-    def _prepare(self, client: asyncio.Transport) -> None:
-        services = self._services
-        settings = services.settings
-        peer = client.get_extra_info("peername") or ("?", 0)
-        # the socket (a syscall to make) only where it is needed: SO_ORIGINAL_DST
-        sock = client.get_extra_info("socket") if settings.upstream is None else None
-        refusal = None
-        destination = ("", 0)
-        try:
-            destination = services.route(sock)
-        except OSError as exc:
-            log.warning("cannot route %s: %s", format_address(peer), exc)
-            refusal = services.routing_failure(str(exc), peer[0])
-        now = time.time()
-        if refusal is None:
-            refusal = services.admit(peer[0], destination, sock)
-        self.mx = MxLeg(services, destination, feed=self._feed, protocol=self._mx_side)
-        dest = format_address(destination)
-        mx_ip = plain_host(destination[0])
-        self._peer = client_ip = plain_host(peer[0])
-        tenant = services.tenant_of(peer[0])
-        if services.sources.configured and refusal is None:
-            self.mx.source = services.sources.choose(
-                tenant=tenant, client_ip=client_ip, mx_ip=mx_ip, now=now
-            )
-            self._sources = SourceFeedback(
-                services.sources, mx_ip=mx_ip, source_ip=lambda: self.mx.source_ip,
-                rules=settings.fair.deferral_rules,
-            )  # fmt: skip
-        fair = services.destinations
-        cached = None
-        if fair is not None and refusal is None:
-            key = (self.mx.source_ip or "", mx_ip, destination[1])
-            self._fair = Borrowing(
-                fair.get(key),
-                tenant,
-                tickets=fair,
-                mx=self.mx,
-                feed=self._feed,
-                feed_soon=self._feed_soon,
-                is_open=self._relay_open,
-                dial=self._dial,
-                deferral_rules=settings.fair.deferral_rules,
-            )
-            cached = self._fair.destination.memo
-            self._fair.hello_name = self.mx.source.ehlo if self.mx.source is not None else None
-        reused = self.mx.take_pooled(peer[0]) if refusal is None and fair is None else None
-        self.relay = Relay(
-            config=services.relay_config,
-            session_id=services.new_session_id(),
-            client=format_address(peer),
-            destination=dest,
-            source_ip=self.mx.source_ip,
-            tls_allowed=services.tls_allowed(dest, now) and services.mx_tls.allowed(mx_ip),
-            tls_required=refusal is None and services.mx_tls.required(mx_ip),
-            refusal=refusal,
-            reused=reused,
-            may_release=services.pool is not None,
-            borrowed=self._fair is not None,
-            cached=cached,
-            client_tls=services.client_tls_context is not None,
-            now=self._loop.time(),  # the relay's clock is monotonic; its records, wall time
-            wall=now - self._loop.time(),
-        )
+        opened = open_session(
+            services, client, feed=self._feed, feed_soon=self._feed_soon,
+            is_open=self._relay_open, dial=self._dial, mx_side=self._mx_side,
+        )  # fmt: skip
+        self.mx: MxLeg = opened.mx
+        self.relay: Relay | None = opened.relay
+        self._peer = opened.client_ip  # the client's address
+        self._fair: Borrowing | None = opened.fair  # fair sharing: its place in the line
+        self._sources: SourceFeedback | None = opened.sources  # what the MX says counts
 
     @property
     def destination(self) -> tuple[str, int]:
@@ -203,7 +133,7 @@ class ConnectionHandler:
         except Exception as exc:
             log.exception("session %s: internal error", relay.session_id)
             if not relay.closed:
-                self._feed(ev.InternalError(f"{type(exc).__name__}: {exc}"))
+                self._feed(errors.internal_error(exc))
         finally:
             self._teardown()
 
@@ -220,11 +150,11 @@ class ConnectionHandler:
         restarted by a partial line or a body chunk, only extended by the chunk's size at
         ``client_min_rate``; the relay restarts it (``SetTimer``) when a line completes.
         """
-        if from_client and self._client_tls:
+        upgrade = self._client_tls
+        if from_client and upgrade is not None:
             # TLS data, decrypted, that the client sent right after its handshake (before
             # the handshake's end was reported to the relay): given to it after that.
-            self._early += data
-            if len(self._early) > self._max_backlog and self._client is not None:
+            if not upgrade.hold(data) and self._client is not None:
                 self._client.abort()
             return
         relay = self.relay
@@ -253,22 +183,14 @@ class ConnectionHandler:
         self._perform(actions)
         client = self._client
         if client is not None and not self._client_eof:
-            backlog = relay.client_backlog > self._max_backlog
-            if backlog != self._client_paused and not client.is_closing():
-                self._client_paused = backlog
-                if backlog:
-                    client.pause_reading()
-                elif not self._server_blocked:
-                    client.resume_reading()
+            self._flow.backlog(client, relay.client_backlog)
         if relay.closed:
             self._jobs.stop()
 
     def _internal_failure(self, relay: Relay, exc: Exception) -> None:
         """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
         try:
-            self._perform(
-                relay.handle(ev.InternalError(f"{type(exc).__name__}: {exc}"), self._loop.time())
-            )
+            self._perform(relay.handle(errors.internal_error(exc), self._loop.time()))
         except Exception:
             log.exception("session %s: cannot even report the error; closing", relay.session_id)
             self.mx.abort()
@@ -304,17 +226,11 @@ class ConnectionHandler:
             self._let_go()
 
     def on_write_paused(self, to_client: bool, paused: bool) -> None:
-        other = self.mx.transport if to_client else self._client
         if not to_client:
-            self._server_blocked = paused
             if self._filters is not None:
                 self._filters.server_writable(not paused)
             self._deadline.blocked(paused)
-        if other is not None and not other.is_closing():
-            if paused:
-                other.pause_reading()
-            elif not (other is self._client and self._client_paused):
-                other.resume_reading()
+        self._flow.write_paused(self.mx.transport if to_client else self._client, to_client, paused)
 
     def shutdown(self, forced: bool) -> None:
         self._feed(ev.ShutdownForced() if forced else ev.ShutdownRequested())
@@ -345,7 +261,7 @@ class ConnectionHandler:
         # Commonest first: this runs for every chunk relayed.
         for action in actions:
             if isinstance(action, act.SendToClient):
-                if self._client is not None and not self._client_tls:
+                if self._client is not None and self._client_tls is None:
                     self._client.write(action.data)
             elif isinstance(action, act.SendToServer):
                 server = self.mx.transport
@@ -374,11 +290,11 @@ class ConnectionHandler:
             case act.StartClientTls():
                 client, context = self._client, self._services.client_tls_context
                 if client is not None and context is not None and not client.is_closing():
-                    self._client_tls = True
-                    side = cast(asyncio.Protocol, client.get_protocol())
-                    tls = ServerTlsTransport(self._loop, client, context, side)
-                    self._client = tls
-                    self._jobs.add(partial(self._client_handshake, tls))
+                    upgrade = ClientTlsUpgrade(
+                        self._loop, client, context, limit=self._flow.max_backlog
+                    )
+                    self._client_tls, self._client = upgrade, upgrade.tls
+                    self._jobs.add(partial(self._client_handshake, upgrade))
                 else:  # (gone, or a bug of ours: no context, yet TLS was offered)
                     self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
             case act.CloseServer():
@@ -388,7 +304,7 @@ class ConnectionHandler:
             case act.CloseClient(linger):
                 client, self._client = self._client, None
                 if client is not None:
-                    if self._client_tls:  # mid-handshake: nothing more can be said
+                    if self._client_tls is not None:  # mid-handshake: nothing more to say
                         client.abort()
                     elif linger:
                         self._linger(client)
@@ -413,7 +329,9 @@ class ConnectionHandler:
             case act.AcquireServer(sender, recipient):
                 assert self._fair is not None, "only a borrowing relay asks for a slot"
                 if self._sources is not None:
-                    self._choose_source(self._fair, sender, recipient)
+                    choose_source(
+                        self._services, self.mx, self._fair, self._peer, sender, recipient
+                    )
                 self._fair.ask()
             case act.CancelAcquire():
                 if self._fair is not None:
@@ -436,49 +354,24 @@ class ConnectionHandler:
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
-    # ------------------------------------------------------------ source addresses
-    def _choose_source(self, fair: Borrowing, sender: str, recipient: str) -> None:
-        """A transaction asks for a connection: its source address, chosen again now that
-        its sender is known (the session's kept while eligible); its (source, MX) is the
-        destination whose fair share it waits in."""
-        services, mx = self._services, self.mx
-        current = mx.source_ip
-        host, port = self.destination
-        mx_ip = plain_host(host)
-        source = services.sources.choose(
-            tenant=fair.tenant, client_ip=self._peer, mx_ip=mx_ip, now=time.time(),
-            sender=sender or None, recipient=recipient or None, current=current,
-        )  # fmt: skip
-        mx.source = source
-        fair.hello_name = source.ehlo if source is not None else None
-        new_ip = source.address if source is not None else None
-        destinations = services.destinations
-        if new_ip != current and destinations is not None:
-            fair.move(destinations.get((new_ip or "", mx_ip, port)))
-
     async def _check_tls_policy(self, domain: str) -> None:
         self._feed(await self.mx.check_policy(domain))
 
-    async def _client_handshake(self, tls: ServerTlsTransport) -> None:
+    async def _client_handshake(self, upgrade: ClientTlsUpgrade) -> None:
         """The client's TLS handshake (``StartClientTls``), within its deadline."""
-        try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                await tls.handshake
-        except (*errors.TLS_ERRORS, ssl.SSLError) as exc:
-            self._client_tls = False
+        outcome = await upgrade.handshake()
+        self._client_tls = None
+        tls = upgrade.tls
+        if isinstance(outcome, ev.ClientTlsFailed):
             if self._client is tls:
                 self._client = None
             tls.abort()
-            reason = "handshake timeout" if isinstance(exc, TimeoutError) else str(exc)
-            self._feed(ev.ClientTlsFailed(reason or type(exc).__name__))
+            self._feed(outcome)
             return
-        self._client_tls = False
         if self._client is not tls:  # closed meanwhile
             return
-        cipher = tls.get_extra_info("cipher") or ("?", "?", 0)
-        version = tls.get_extra_info("ssl_object").version()
-        self._feed(ev.ClientTlsStarted(version or "?", cipher[0]))
-        early, self._early = bytes(self._early), bytearray()
+        self._feed(outcome)
+        early = upgrade.early()
         if early:
             self.on_data(True, early)
 
@@ -527,16 +420,11 @@ class ConnectionHandler:
         relay = self.relay
         if relay is None or relay.closed:
             return
-        peer = self._client.get_extra_info("peername") if self._client else None
-        client = ClientInfo(
-            session_id=relay.session_id,
-            client_ip=peer[0] if peer else "",
-            client_port=peer[1] if peer else 0,
-            destination=format_address(self.destination),
-            helo=run.helo,
-            source_ip=self.mx.source_ip,
-        )
-        decided = await self._driver().decide(run, client)
+        decided = await self._driver().run(
+            run, session_id=relay.session_id,
+            peer=self._client.get_extra_info("peername") if self._client else None,
+            destination=format_address(self.destination), source_ip=self.mx.source_ip,
+        )  # fmt: skip
         if decided is not None:
             self._feed(decided)
 
@@ -548,7 +436,7 @@ class ConnectionHandler:
         if self._filters is None:
             services = self._services
             self._filters = FilterDriver(
-                services.settings, services.filter_chain, writable=not self._server_blocked
+                services.settings, services.filter_chain, writable=not self._flow.server_blocked
             )
         return self._filters
 
