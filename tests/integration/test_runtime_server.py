@@ -139,7 +139,7 @@ def test_serve_runs_on_plain_asyncio_without_uvloop(tmp_path: Path) -> None:
         import sys
         sys.modules["uvloop"] = None  # as if it were not installed
         from mailsluice.settings.config import HostPort, Settings
-        from mailsluice.runtime.server import _run_one
+        from mailsluice.runtime.launch import _run_one
         settings = Settings(listen=HostPort("127.0.0.1", 0), upstream=HostPort("127.0.0.1", 9),
                             log="none:")
         raise SystemExit(_run_one(settings))

@@ -50,11 +50,11 @@ def test_verbose_flag_reaches_the_settings() -> None:
 
 
 def test_ctrl_c_while_serving_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mailsluice.runtime.server as server
+    import mailsluice.runtime.launch as launch
 
     def interrupted(settings: object, source: object = None) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(server, "run", interrupted)
+    monkeypatch.setattr(launch, "run", interrupted)
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)  # keep pytest's
     assert main(["serve", "--log", "none:", "--upstream", "127.0.0.1:9"]) == 130

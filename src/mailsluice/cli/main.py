@@ -349,7 +349,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from mailsluice.runtime.server import run
+    from mailsluice.runtime.launch import run
 
     def reload_source() -> Settings:  # SIGHUP: the file again, then the same flags
         again = settings_from_args(args)

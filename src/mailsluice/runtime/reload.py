@@ -10,8 +10,11 @@
    start) and the running configuration stays, untouched;
 3. ``Prepared.apply`` then updates in place what is shared and must survive (the allow
    list in admission, fair sharing's rules in the scheduler: counts and learned limits
-   stay) and makes the next generation (``Services.renewed``). New connections get it;
-   a connection keeps the generation it started with to its end.
+   stay) and makes the next generation. New connections get it; a connection keeps the
+   generation it started with to its end.
+
+The generation's parts and the generation itself are built by ``runtime.generation``,
+as at start.
 
 What survives a reload: connection counts and caps, the pool of idle MX connections, fair
 sharing's scheduler (shares, in-use counts, learned limits, idle connections), the TLS
@@ -35,18 +38,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from mailsluice.filtering.chain import FilterChain
 from mailsluice.plugins.build import BuildError, build_filter_chain, build_watchers
 from mailsluice.runtime import startup
-from mailsluice.runtime.net.localaddrs import allowed_networks, local_networks
-from mailsluice.runtime.services import Services, weights_of
+from mailsluice.runtime.generation import Parts, build_parts, next_generation
+from mailsluice.runtime.services import Services
 from mailsluice.runtime.sinks import log_url
 from mailsluice.runtime.tls import client as clienttls
-from mailsluice.runtime.tls.mtasts import MtaSts, cache_path_beside
-from mailsluice.runtime.tls.mx import MxTls
 from mailsluice.runtime.tls.rpt_store import TlsRptStore
 from mailsluice.sessionlog import LogWriter, open_log
-from mailsluice.settings.config import ALLOW_LOCAL, ConfigError, Settings
+from mailsluice.settings.config import ConfigError, Settings
 from mailsluice.settings.reloadplan import ReloadPlan, reload_plan, running_settings
 
 __all__ = ["Prepared", "ReloadResult", "RetiredWriters", "WorkerSettings", "prepare"]
@@ -56,7 +56,8 @@ log = logging.getLogger("mailsluice.reload")
 #: keys whose change needs a new log writer
 _LOG_KEYS = ("log", "log_sinks", "plugins", "log_queue_limit", "log_process")
 _FILTER_KEYS = ("filters", "filtering")
-_FAIR_KEYS = ("fair_sharing", "destinations", "tenants")
+#: keys whose change needs a new MX leg TLS policy
+_TLS_KEYS = ("tls_policy", "tls_policies", "hostname")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,35 +94,21 @@ class ReloadResult:
 class Prepared:
     """A reload built and checked, not yet applied."""
 
-    settings: Settings
+    parts: Parts  # the next generation's own (``generation.build_parts``)
     plan: ReloadPlan
-    chain: FilterChain | None
-    client_tls: ssl.SSLContext | None
-    mx_tls: MxTls
-    sts: MtaSts | None
     writer: LogWriter | None  # a new log writer (None: the running one is kept)
+
+    @property
+    def settings(self) -> Settings:
+        return self.parts.settings
 
     def apply(self, current: Services) -> Services:
         """Update what is shared in place; the next generation of the services."""
-        settings, plan = self.settings, self.plan
-        if plan.touches("allow", "hostname"):
-            local = local_networks() if ALLOW_LOCAL in settings.allow else ()
-            current.admission.reconfigure(
-                hostname=settings.relay.hostname,
-                allowed=allowed_networks(settings.allow, lambda: local),
-            )
-        fair = settings.fair
-        destinations = current.destinations
-        if destinations is not None and plan.touches(*_FAIR_KEYS, "fair_sharing"):
-            destinations.reconfigure(
-                rules=fair.limits, weight=weights_of(settings), idle_timeout=fair.idle_timeout,
-                max_age=fair.max_age, max_transactions=fair.max_transactions,
-                destinations=fair.destinations,
-            )  # fmt: skip
-        if plan.touches("verbose"):
-            logging.getLogger().setLevel(logging.DEBUG if settings.verbose else logging.INFO)
+        if self.plan.touches("verbose"):
+            verbose = self.settings.verbose
+            logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
         writer = self.writer or current.log_writer
-        return current.renewed(settings, writer, self.chain, self.mx_tls, self.client_tls)
+        return next_generation(current, self.parts, writer, self.plan)
 
     def abandon(self) -> None:
         """Refused after all: what was opened for it is closed."""
@@ -131,57 +118,34 @@ class Prepared:
 
 
 def prepare(
-    current: Services,
+    running: Parts,
     new: Settings,
     *,
-    sts: MtaSts | None,
     results: TlsRptStore | None,
     state: Path | None,
     open_writer: Callable[[Settings], LogWriter],
 ) -> Prepared:
     """Check and build what ``new`` needs (``ConfigError``/``BuildError``/``OSError`` when
-    it cannot be used; nothing running is changed here). ``sts``/``results``: the
-    running MTA-STS source and TLS report store; ``state``: where the state file is."""
-    old = current.settings
+    it cannot be used; nothing running is changed here). ``running``: the running
+    generation's parts; ``results``: the running TLS report store; ``state``: where the
+    state file is."""
+    old = running.settings
     plan = reload_plan(old, new)
     settings = running_settings(old, new, plan)
     if plan.touches("outbound_ip"):  # (what the start-up checks look at that may change)
         for warning in startup.check(settings):
             log.warning("%s", warning)
-    chain = current.filter_chain
-    if plan.touches(*_FILTER_KEYS):
-        chain = build_filter_chain(settings)
-    if chain is not None and not settings.relay.filtering:  # settings built in code
-        relay = replace(
-            settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
-        )
-        settings = replace(settings, relay=relay)
+    chain = build_filter_chain(settings) if plan.touches(*_FILTER_KEYS) else running.chain
     if plan.touches("plugins"):
         build_watchers(settings)  # a bad plugin is refused before any sink is opened
-    client_tls = clienttls.server_context(settings)  # the files read again (renewals)
-    mx_tls, sts = current.mx_tls, sts
-    if plan.touches("tls_policy", "tls_policies", "hostname"):
-        sts = _sts(old, settings, sts, state)
-        mx_tls = MxTls(settings.tls, hostname=settings.relay.hostname, sts=sts, results=results)
+    parts = build_parts(
+        settings, chain, state=state, results=results, running=running,
+        tls_changed=plan.touches(*_TLS_KEYS),
+    )  # fmt: skip
     writer = None
     if plan.touches(*_LOG_KEYS):
-        writer = open_writer(settings)
-    return Prepared(settings, plan, chain, client_tls, mx_tls, sts, writer)
-
-
-def _sts(old: Settings, new: Settings, sts: MtaSts | None, state: Path | None) -> MtaSts | None:
-    """The MTA-STS source for the new policy: the running one (its cache) if it still
-    fits, else a new one over the same cache file."""
-    tls = new.tls
-    if not (tls.mta_sts and tls.resolver):
-        return None
-    before = old.tls
-    same = (before.resolver, before.ca_file, before.mta_sts_port) == (
-        tls.resolver, tls.ca_file, tls.mta_sts_port,
-    )  # fmt: skip
-    if sts is not None and same:
-        return sts
-    return MtaSts(tls, cache_path_beside(state))
+        writer = open_writer(parts.settings)
+    return Prepared(parts, plan, writer)
 
 
 #: what refuses a reload (everything else is a bug of ours, logged with its traceback)

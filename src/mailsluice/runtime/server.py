@@ -1,8 +1,10 @@
 """The running proxy: accepts connections, runs a handler for each, shuts down cleanly.
 
 ``Proxy`` is the composition root: settings, the log writer, the services every
-connection shares (``services.Services``: admission, TLS state, the pool), the listening
-sockets and the TaskGroup every connection's task lives in. Shutdown
+connection shares (``services.Services``: admission, TLS state, the pool; built by
+``runtime.generation``, as at a reload), the listening sockets and the TaskGroup every
+connection's task lives in. The process around it (signals, the workers, the broker) is
+``runtime.launch``. Shutdown
 (SIGTERM/SIGINT): stop accepting, let transactions in flight finish within the grace
 period (idle clients get ``421 4.3.2``), then end what is left with a 4xx.
 
@@ -12,7 +14,7 @@ raised as far as the global cap needs (two sockets a session); if the hard limit
 low, the cap is lowered to what fits and a warning names the fix, so a full proxy answers
 ``421 4.3.2`` instead of running out of descriptors.
 
-The accept loop and the open-file budget are in ``runtime.listener``.
+The accept loop and the open-file budget are in ``runtime.net.listener``.
 
 Reload (SIGHUP; ``Proxy.reload``/``Proxy.reload_from_source``, the entry points of
 ``mailsluice ctl reload`` too): the configuration is read again and what can change at
@@ -20,122 +22,40 @@ run time is applied to new sessions, sessions in flight finishing under the sett
 started with (``runtime.reload``). With ``--workers N`` the supervisor checks the file
 first (an invalid one is refused once, in its log, and reaches no worker), then forwards
 SIGHUP to every worker, and each worker reads the file and reloads itself (see
-``runtime.workers``).
+``runtime.process.workers``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import socket
-import ssl
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
-from functools import partial
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from mailsluice.filtering.chain import FilterChain
-from mailsluice.plugins.build import build_filter_chain, build_watchers
-from mailsluice.policy import limits
-from mailsluice.runtime import startup
-from mailsluice.runtime.admin import multiproc
-from mailsluice.runtime.admin.host import (
-    SupervisorMetrics,
-    WorkerMetrics,
-    host_admin,
-    read_token,
-    run_admin_process,
-    suspensions_of,
-)
-from mailsluice.runtime.fair.broker import BrokerClient, broker_address, run_broker
+from mailsluice.plugins.build import build_filter_chain
+from mailsluice.runtime.admin.host import WorkerMetrics, suspensions_of
 from mailsluice.runtime.fair.statefile import StateFile, read_learned
-from mailsluice.runtime.fleet.join import fleet_here, share_penalties
-from mailsluice.runtime.metrics import Metrics
-from mailsluice.runtime.net.admission import Admission
+from mailsluice.runtime.fleet.join import share_penalties
+from mailsluice.runtime.generation import build_parts, first_generation, tls_reports
 from mailsluice.runtime.net.listener import (
     Listener,
     address_text,
     listening_sockets,
     steer_by_source,
 )
-from mailsluice.runtime.net.localaddrs import allowed_networks, local_networks
-from mailsluice.runtime.process import sdnotify
-from mailsluice.runtime.process.workers import (
-    RESTART,
-    hangup_ignored,
-    hangup_ready,
-    log_hangup,
-    supervise,
-)
-from mailsluice.runtime.reload import (
-    REFUSALS,
-    ReloadResult,
-    RetiredWriters,
-    WorkerSettings,
-    prepare,
-)
+from mailsluice.runtime.reload import REFUSALS, ReloadResult, RetiredWriters, prepare
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.session.handler import ClientProtocol
-from mailsluice.runtime.sinks import log_url, open_sinks
-from mailsluice.runtime.tls import client as clienttls
-from mailsluice.runtime.tls.mtasts import MtaSts, cache_path_beside
+from mailsluice.runtime.sinks import open_sinks
 from mailsluice.runtime.tls.mx import MxTls
-from mailsluice.runtime.tls.rpt_store import TlsRptStore, store_beside
-from mailsluice.sessionlog import LogWriter, open_log
-from mailsluice.settings.config import ALLOW_LOCAL, Settings
-from mailsluice.settings.fair import FairSettings
+from mailsluice.sessionlog import LogWriter
+from mailsluice.settings.config import Settings
 from mailsluice.settings.logplace import state_path
 
 log = logging.getLogger("mailsluice.server")
-
-
-def _services(
-    settings: Settings,
-    log_writer: LogWriter,
-    chain: FilterChain | None,
-    remembered: dict[tuple[str, str, int], int] | None = None,
-    mx_tls: MxTls | None = None,
-    client_tls: ssl.SSLContext | None = None,
-    metrics: Metrics | None = None,
-) -> Services:
-    """The services every connection of this worker shares."""
-    local = local_networks() if ALLOW_LOCAL in settings.allow else ()  # read now, once
-    if local:
-        log.info("allow: local = %s", ", ".join(map(str, local)))
-    admission = Admission(
-        hostname=settings.relay.hostname,
-        allowed=allowed_networks(settings.allow, lambda: local),
-        caps=limits.Caps(settings.max_connections, settings.max_connections_per_client),
-        transparent=settings.upstream is None,
-    )
-    return Services(
-        settings,
-        log_writer,
-        admission,
-        chain,
-        remembered,
-        mx_tls=mx_tls,
-        client_tls_context=client_tls,
-        metrics=metrics,
-    )
-
-
-def _mx_tls(
-    settings: Settings, state: Path | None
-) -> tuple[MxTls, MtaSts | None, TlsRptStore | None]:
-    """The MX leg's TLS policy, with its MTA-STS cache and TLS report counts kept beside
-    the state file (the same place for every worker)."""
-    tls = settings.tls
-    sts = MtaSts(tls, cache_path_beside(state)) if tls.mta_sts and tls.resolver else None
-    where = store_beside(state) if tls.tlsrpt else None
-    results = TlsRptStore(where) if where is not None else None
-    mx_tls = MxTls(tls, hostname=settings.relay.hostname, sts=sts, results=results)
-    return mx_tls, sts, results
 
 
 class Proxy:
@@ -157,13 +77,13 @@ class Proxy:
         self.admin = (
             WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
         )
-        client_tls = clienttls.server_context(settings)  # and a bad certificate
-        if chain is not None and not settings.relay.filtering:  # settings built in code
-            relay = replace(
-                settings.relay, filtering=True, filter_keepalive=settings.filtering.keepalive
-            )
-            settings = replace(settings, relay=relay)
-        self.settings = settings
+        # the TLS caches and counts are beside the state file (the same for every worker)
+        self._tls_state = state_path(settings.state_file, settings.log)
+        self._tlsrpt = tls_reports(settings, self._tls_state)
+        self._tls_results = self._tlsrpt  # every session's result (``tlsrpt_count``)
+        # and a bad certificate stops us here
+        self._parts = build_parts(settings, chain, state=self._tls_state, results=self._tlsrpt)
+        self.settings = settings = self._parts.settings
         self._own_writer = log_writer is None
         self.log_writer = log_writer or open_sinks(settings)
         # the state file is the broker's when several workers share it (shared_fair)
@@ -171,12 +91,9 @@ class Proxy:
             None if settings.shared_fair else state_path(settings.state_file, settings.log)
         )
         remembered = read_learned(self._state_path) if settings.fair.enabled else {}
-        self._tls_state = state_path(settings.state_file, settings.log)
-        mx_tls, self._sts, self._tlsrpt = _mx_tls(settings, self._tls_state)
-        self._tls_results = self._tlsrpt  # every session's result (``tlsrpt_count``)
         metrics = self.admin.metrics if self.admin is not None else None
-        self.services = _services(
-            settings, self.log_writer, chain, remembered, mx_tls, client_tls, metrics
+        self.services = first_generation(
+            self._parts, self.log_writer, remembered=remembered, metrics=metrics
         )
         self.services.use_suspensions(suspensions_of(settings))  # the operator's (admin API)
         self._draining: asyncio.Task[None] | None = None
@@ -305,7 +222,9 @@ class Proxy:
         """The addresses listened on, as an operator reads them: ``0.0.0.0:10025, [::]:10025``."""
         return ", ".join(address_text(host, port) for host, port in self.addresses)
 
-    def _mode(self) -> str:
+    @property
+    def mode(self) -> str:
+        """How the destination is found, as the "listening on" line says it."""
         up = self.settings.upstream
         return f"fixed upstream {up}" if up is not None else "transparent, SO_ORIGINAL_DST"
 
@@ -392,7 +311,7 @@ class Proxy:
             current = self.services
             try:
                 prepared = prepare(
-                    current, new, sts=self._sts, results=self._tlsrpt, state=self._tls_state,
+                    self._parts, new, results=self._tlsrpt, state=self._tls_state,
                     open_writer=open_sinks,
                 )  # fmt: skip
             except REFUSALS as exc:
@@ -414,14 +333,13 @@ class Proxy:
                 self.admin.renewed(self.services)
             # the generations before, while they have sessions (a writer may be theirs)
             self._older = [g for g in (*self._older, current) if g.live]
-            self.settings = prepared.settings
-            self._sts = prepared.sts
+            self.settings, self._parts = prepared.settings, prepared.parts
             if prepared.writer is not None:
                 if self._own_writer:  # (a writer given by the caller is the caller's)
                     users = [g for g in self._older if g.log_writer is self.log_writer]
                     self._retiring.retire(users, self.log_writer, self._spawn)
                 self.log_writer, self._own_writer = prepared.writer, True
-            self._report_tls(prepared.mx_tls)
+            self._report_tls(prepared.parts.mx_tls)
             self._resolve_names()
             result = ReloadResult(True, prepared.plan)
             for warning in prepared.plan.warnings():
@@ -465,139 +383,3 @@ class Proxy:
             await self.reload_from_source()
         except Exception:  # a bug of ours must not end the proxy's TaskGroup
             log.exception("reload failed; the running configuration stays")
-
-
-async def serve(
-    settings: Settings,
-    shared: tuple[str, int] | None = None,
-    source: Callable[[], Settings] | None = None,
-) -> int:
-    """Run until SIGTERM/SIGINT, then shut down gracefully; SIGHUP reloads from
-    ``source``. ``shared``: the broker's address and this worker's number, when several
-    workers share the fair scheduler."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    broker_lost = False
-
-    def lost() -> None:
-        nonlocal broker_lost
-        if not stop.is_set():
-            log.error("the fair-sharing broker went away: this worker stops and restarts")
-            broker_lost = True
-            stop.set()
-
-    async with Proxy(settings, reload_source=source) as proxy:
-        destinations = proxy.services.destinations
-        if shared is not None and destinations is not None:
-            address, worker = shared
-            client = await BrokerClient.connect(address, worker, destinations.deliver, lost)
-            destinations.attach(client, worker)
-        # after the log writer's process is started, so that it inherits SIGHUP ignored
-        loop.add_signal_handler(signal.SIGHUP, proxy.hangup if source is not None else log_hangup)
-        hangup_ready()  # a SIGHUP sent while this worker started is handled now
-        print(f"mailsluice listening on {proxy.listening_on} ({proxy._mode()})", flush=True)
-        sdnotify.notify("READY=1", f"STATUS=listening on {proxy.listening_on}")  # Type=notify
-        await stop.wait()
-        open_now = len(proxy.services.connections)
-        sdnotify.notify("STOPPING=1", f"STATUS=stopping: {open_now} connections draining")
-        log.info("shutting down: %d connections open", open_now)
-        await proxy.shutdown()
-    return RESTART if broker_lost else 0
-
-
-def run(settings: Settings, source: Callable[[], Settings] | None = None) -> int:
-    """Blocking entry point: one process, or ``settings.workers`` forked workers.
-    ``source`` reads the configuration again, for SIGHUP (None: SIGHUP reloads nothing
-    and says so)."""
-    with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.workers``)
-        return _run(settings, source)
-
-
-def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
-    for warning in startup.check(settings):  # refuses what would fail every session
-        log.warning("%s", warning)
-    build_filter_chain(settings)  # a bad filter or plugin stops us here, before any worker
-    build_watchers(settings)
-    if settings.workers <= 1:
-        return _run_one(settings, None, source)
-    url = log_url(settings)
-    settings = replace(settings, log=url)  # one place for every worker
-    open_log(url, settings.log_queue_limit).close()  # create the log before forking
-    clienttls.server_context(settings)  # the self-signed pair too (the workers share it)
-    listen = ", ".join(map(str, settings.listen_addresses))
-    print(f"mailsluice: {settings.workers} workers on {listen}", flush=True)
-    state = state_path(settings.state_file, settings.log)
-    if settings.admin_listen is None:
-        return _supervise(settings, state, None, source)
-    read_token(settings)  # a bad token file stops us here, before any worker
-    path = multiproc.enable(state.parent if state is not None else None)
-    try:
-        return _supervise(settings, state, path, source)
-    finally:
-        multiproc.cleanup(path)
-
-
-def _supervise(
-    settings: Settings,
-    state: Path | None,
-    metrics: Path | None,
-    source: Callable[[], Settings] | None,
-) -> int:
-    """The workers, and the helper process: the broker (fair sharing) and/or the admin
-    server (``metrics``: the multi-process metrics directory, with ``admin_listen``).
-    ``source``: the configuration read again at SIGHUP (None: SIGHUP reloads nothing)."""
-    fair = settings.fair
-    latest = WorkerSettings(settings, source, fair.enabled)
-    hangup = latest.check if source is not None else None
-    on_exit = SupervisorMetrics(metrics).exited if metrics is not None else None
-    reloadable = source is not None  # (POST /api/reload: SIGHUP to the supervisor)
-    admin = (
-        partial(host_admin, settings, metrics, reloadable=reloadable)
-        if metrics is not None
-        else None
-    )
-    if not fair.enabled:
-        helper = (
-            partial(run_admin_process, settings, metrics, reloadable=reloadable)
-            if metrics is not None
-            else None
-        )
-        return supervise(
-            settings.workers, lambda number: _run_one(latest.worker(), None, latest.read),
-            helper, on_exit, hangup=hangup,
-        )  # fmt: skip
-    address = broker_address(os.getpid())
-    weights = fair.weights()
-
-    def reread() -> FairSettings:  # SIGHUP in the broker: its rules, from the file again
-        return latest.read().fair
-
-    def broker() -> int:
-        return run_broker(
-            address, fair.limits, fair.destinations, lambda tenant: weights.get(tenant, 1.0),
-            state, settings.shutdown_grace, reread if source is not None else None, admin,
-            fleet_here(settings),
-        )  # fmt: skip
-
-    def work(number: int) -> int:
-        return _run_one(latest.worker(), (address, number), latest.read)
-
-    return supervise(settings.workers, work, broker, on_exit, hangup=hangup)
-
-
-def _run_one(
-    settings: Settings,
-    shared: tuple[str, int] | None = None,
-    source: Callable[[], Settings] | None = None,
-) -> int:
-    try:
-        import uvloop
-    except ImportError:
-        have_uvloop = False
-    else:
-        have_uvloop = True
-    if not have_uvloop:  # outside the ``except``: errors logged later must not chain to it
-        return asyncio.run(serve(settings, shared, source))
-    return int(uvloop.run(serve(settings, shared, source)))

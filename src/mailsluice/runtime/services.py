@@ -130,20 +130,11 @@ def _join(destinations: Destinations, settings: Settings) -> FleetLink:
     assert settings.shared_state is not None
     fleet, link = join(
         destinations.local, settings.shared_state, gateway=settings.gateway_name,
-        rules=settings.fair.limits, weight=_weights(settings.fair.weights()),
+        rules=settings.fair.limits, weight=settings.fair.weight_of(),
         clock=destinations.clock,
     )  # fmt: skip
     destinations.scheduler = fleet
     return link
-
-
-def _weights(table: dict[str, float]) -> Callable[[str], float]:
-    return lambda tenant: table.get(tenant, 1.0)
-
-
-def weights_of(settings: Settings) -> Callable[[str], float]:
-    """The tenants' weights of ``[[tenants]]`` (1 for a tenant not named)."""
-    return _weights(settings.fair.weights())
 
 
 _HOST = default_gateway_name()  # a gateway's name in the session log, unless gateway_name
@@ -196,20 +187,18 @@ class Services:
         client_tls_context: ssl.SSLContext | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        self.settings = settings
-        self.client_tls_context = client_tls_context
-        self.log_writer = log_writer
         self.metrics = metrics
         self.admission = admission
         fair = settings.fair
-        self.mx_tls = mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname)
-        self.submit_record = _submitter(settings, log_writer, metrics, self.mx_tls)
-        self.relay_config = _relay_config(settings, self.mx_tls)
+        self._take(
+            settings, log_writer, filter_chain,
+            mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname), client_tls_context,
+        )  # fmt: skip
         self.destinations: Destinations | None = None
         self.fleet: FleetLink | None = None  # shared_state: the link to the fleet's state
         if fair.enabled:
             self.destinations = Destinations(
-                rules=fair.limits, weight=_weights(fair.weights()),
+                rules=fair.limits, weight=fair.weight_of(),
                 idle_timeout=fair.idle_timeout, max_age=fair.max_age,
                 max_transactions=fair.max_transactions, forget_outbound=admission.outbound.discard,
                 destinations=fair.destinations, remembered=remembered,
@@ -217,7 +206,6 @@ class Services:
             if settings.shared_state is not None and not settings.shared_fair:
                 self.fleet = _join(self.destinations, settings)  # one set of limits
                 self.fleet.share_suspensions(lambda: self.suspensions.path)
-        self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.sources = SourceSelector(settings.sources, settings.outbound_ip)
         self.suspensions = Suspensions(None)  # the operator's (the proxy's, kept in a file)
         self.tls_context = client_context()
@@ -249,13 +237,25 @@ class Services:
         """The next generation (see the module docstring): what is given is its own,
         the rest is shared with this one."""
         new = copy.copy(self)
-        new.settings, new.log_writer, new.filter_chain = settings, log_writer, filter_chain
-        new.mx_tls, new.client_tls_context = mx_tls, client_tls_context
-        # the records go to this generation's writer (and counted, and said with -v)
-        new.submit_record = _submitter(settings, log_writer, self.metrics, mx_tls)
-        new.relay_config = _relay_config(settings, mx_tls)
+        new._take(settings, log_writer, filter_chain, mx_tls, client_tls_context)
         new._mine, new.drained = set(), None
         return new
+
+    def _take(
+        self,
+        settings: Settings,
+        log_writer: LogWriter,
+        filter_chain: FilterChain | None,
+        mx_tls: MxTls,
+        client_tls_context: ssl.SSLContext | None,
+    ) -> None:
+        """What is a generation's own (the first one's, and each ``renewed``'s)."""
+        self.settings, self.log_writer = settings, log_writer
+        self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
+        self.mx_tls, self.client_tls_context = mx_tls, client_tls_context
+        # the records go to this generation's writer (and counted, and said with -v)
+        self.submit_record = _submitter(settings, log_writer, self.metrics, mx_tls)
+        self.relay_config = _relay_config(settings, mx_tls)
 
     @property
     def live(self) -> int:

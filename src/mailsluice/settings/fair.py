@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,12 @@ class FairSettings:
 
     def weights(self) -> dict[str, float]:
         return {group.name: group.weight for group in self.tenants}
+
+    def weight_of(self) -> Callable[[str], float]:
+        """The tenants' weights as the scheduler asks for them: a tenant's weight in
+        ``[[tenants]]``, 1 for a tenant not named (the one place they are built)."""
+        table = self.weights()
+        return lambda tenant: table.get(tenant, 1.0)
 
     def capacity_pattern(self) -> re.Pattern[str]:
         """One pattern for what the relay recognises itself: a capacity refusal."""

@@ -291,10 +291,9 @@ def _reconfigure(broker: Broker, reread: Callable[[], FairSettings]) -> bool:
         return False
     if not fair.enabled:
         return False
-    weights = fair.weights()
     broker.names.reconfigure(fair.destinations)
     broker.scheduler.reconfigure(
-        rules=fair.limits, weight=lambda tenant: weights.get(tenant, 1.0),
+        rules=fair.limits, weight=fair.weight_of(),
         destinations=fair.destinations,
     )  # fmt: skip
     log.info("broker (pid %d): fair-sharing rules reloaded (%d destination rules, %d "

@@ -58,14 +58,14 @@ def fleet_here(
     state = settings.shared_state
     if state is None or not settings.fair.enabled:
         return None
-    weights = settings.fair.weights()
+    weight = settings.fair.weight_of()
 
     def here(local: LocalScheduler) -> tuple[FleetScheduler, FleetLink]:
         from mailsluice.runtime.fleet.link import FleetLink, connect
 
         fleet = FleetScheduler(
             local, gateway=settings.gateway_name or default_gateway_name(),
-            rules=settings.fair.limits, weight=lambda tenant: weights.get(tenant, 1.0),
+            rules=settings.fair.limits, weight=weight,
             clock=time.monotonic,
         )  # fmt: skip
         return fleet, FleetLink(fleet, connect(state))
