@@ -4,7 +4,9 @@ The decisions of fair sharing, for all destinations of the host: each destinatio
 ``FairShare`` (who gets a slot), its ``LearnedLimit``, the lower limit a deferral rule
 asks for, and what the operator sees (grants, waits, refusals, deferrals). No sockets:
 the connections stay with the worker that has them (``destinations``); this only counts
-and decides, and its orders go back to the worker concerned. One scheduler serves the
+and decides, and its orders go back to the worker concerned. What it knows of each destination
+(its connections by state, its line, its limits, its counts) is a ``destination.Destination``;
+this module decides. One scheduler serves the
 host: called directly in one process, in the broker process with ``--workers N``
 (``broker``); with ``shared_state`` its limit is the fleet's share (``runtime.fleet``).
 
@@ -21,17 +23,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
 from mailsluice.policy.destrules import DestinationRule, Limits, domain_rule, select
 from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
-from mailsluice.policy.learned import DialBackoff, LearnedLimit, LimitRules
+from mailsluice.policy.learned import LearnedLimit, LimitRules
 from mailsluice.policy.pacing import Pacing
-from mailsluice.scheduling.meters import Tally, TenantWaits
+from mailsluice.scheduling.destination import Destination, describe
+from mailsluice.scheduling.meters import TenantWaits
 from mailsluice.scheduling.orders import (
-    Cancellable,
     Close,
     Declined,
     Deliver,
@@ -54,36 +55,6 @@ __all__ = [  # the orders and the protocol too, where the runtime has always fou
 
 
 _TIMER_SLACK = 0.001  # seconds after a grant is due that the pacing timer fires
-
-
-def _text(key: DestKey) -> str:
-    source, host, port = key
-    mx = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"{mx} from {source}" if source else mx
-
-
-@dataclass(slots=True)
-class _Destination:
-    share: FairShare
-    limit: LearnedLimit
-    pacing: Pacing
-    rule: int | None = None  # the [[destinations]] rule that applies (its index)
-    bound: int | None = None  # the domain rule bound to it (its index)
-    bound_domain: str | None = None  # the recipient domain that bound it
-    per_connection: int | None = None  # transactions a connection carries (the rule's)
-    asked: dict[int, float] = field(default_factory=dict)  # ticket -> when
-    idle: dict[str, list[int]] = field(default_factory=dict)  # tenant -> idle conns, oldest first
-    closing: set[int] = field(default_factory=set)  # conns on their way out
-    busy: set[int] = field(default_factory=set)  # conns known busy (dialled or taken)
-    up: set[int] = field(default_factory=set)  # conns established (the MX has them)
-    cap: int = 0  # a deferral rule's lower limit ...
-    cap_until: float = 0.0  # ... until then
-    suspended_by: str = ""  # the class of the deferral that suspended it
-    outside: int | None = None  # the limit set from outside (the fleet's share: ``restrict``)
-    timer: Cancellable | None = None  # the pace's next grant is due ...
-    timer_at: float = 0.0  # ... then
-    backoff: DialBackoff = field(default_factory=DialBackoff)  # refused with none of ours up
-    tally: Tally = field(default_factory=Tally)
 
 
 class Notice(Protocol):
@@ -130,13 +101,13 @@ class LocalScheduler:
         self.deliver = deliver
         self._clock = clock
         self._remembered = dict(remembered or {})
-        self._all: dict[DestKey, _Destination] = {}
+        self._all: dict[DestKey, Destination] = {}
         self.waits = TenantWaits()  # per tenant, for the metrics (``runtime.admin``)
         # the operator's suspensions (``runtime.suspensions``): why (key, tenant) waits not
         self.operator_pause: Callable[[DestKey, str], str | None] | None = None
         self.annotate: Callable[[DestKey], dict[str, object]] | None = None  # more to show
 
-    def _get(self, key: DestKey) -> _Destination:
+    def _get(self, key: DestKey) -> Destination:
         destination = self._all.get(key)
         if destination is None:
             index = self._select(key, None)
@@ -145,7 +116,7 @@ class LocalScheduler:
                 self._rules, fixed=self._fixed_for(key, limits),
                 remembered=self._remembered.get(key), now=self._clock(),
             )  # fmt: skip
-            destination = _Destination(
+            destination = Destination(
                 FairShare(limit.value, self._tenant_weight), limit,
                 Pacing(limits.max_messages_per_minute), rule=index,
                 per_connection=limits.max_messages_per_connection,
@@ -182,12 +153,9 @@ class LocalScheduler:
         if index is not None:
             destination.bound, destination.bound_domain = index, domain
             self._notice(
-                False,
-                "destination %s: recipient domain %s: %s bound to it",
-                _text(key),
-                domain,
-                self._book[index].describe(),
-            )
+                False, "destination %s: recipient domain %s: %s bound to it", describe(key),
+                domain, self._book[index].describe(),
+            )  # fmt: skip
             self._rematch(key, destination)
 
     def rematch(self) -> None:
@@ -215,7 +183,7 @@ class LocalScheduler:
             self._rematch(key, destination, force=True, relearn=new_rules)
 
     def _rematch(
-        self, key: DestKey, destination: _Destination, *, force: bool = False, relearn: bool = False
+        self, key: DestKey, destination: Destination, *, force: bool = False, relearn: bool = False
     ) -> None:
         index = self._select(key, destination.bound)
         if index == destination.rule and not force:
@@ -235,12 +203,9 @@ class LocalScheduler:
         if (index, destination.limit.value) != was:
             rule = "no rule" if index is None else self._book[index].describe()
             self._notice(
-                False,
-                "destination %s: %s applies (limit %d)",
-                _text(key),
-                rule,
+                False, "destination %s: %s applies (limit %d)", describe(key), rule,
                 destination.limit.value,
-            )
+            )  # fmt: skip
         value = self._effective(destination, destination.limit.value)
         self._run(key, destination, self._share(destination).set_limit(value))
 
@@ -288,7 +253,7 @@ class LocalScheduler:
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
 
-    def _dial_later(self, key: DestKey, destination: _Destination) -> None:
+    def _dial_later(self, key: DestKey, destination: Destination) -> None:
         """A refusal with none of ours up is the MX's connection rate (or connections it
         still counts): the limit stays, no grant (every one would dial) before the
         backoff (``learned.DialBackoff``); what waits waits."""
@@ -300,21 +265,18 @@ class LocalScheduler:
             False,
             "destination %s: refused with none of our connections up (too many too "
             "fast): no new connection for %.0f s",
-            _text(key),
+            describe(key),
             until - now,
         )
 
-    def _lower(self, key: DestKey, destination: _Destination, others: int) -> None:
+    def _lower(self, key: DestKey, destination: Destination, others: int) -> None:
         """A capacity refusal with ``others`` of ours up: that is the MX's limit."""
         destination.tally.refusals += 1
         value = destination.limit.refused(others, self._clock())
         self._notice(
-            False,
-            "destination %s: refused with %d connections up; limit now %d",
-            _text(key),
-            others,
-            value,
-        )
+            False, "destination %s: refused with %d connections up; limit now %d",
+            describe(key), others, value,
+        )  # fmt: skip
         # the lower limit first: the slot freed next must not go to a dial over it
         effective = self._effective(destination, value)
         self._run(key, destination, self._share(destination).set_limit(effective))
@@ -325,35 +287,17 @@ class LocalScheduler:
     # ------------------------------------------------------------------ connections
     def park(self, key: DestKey, tenant: str, conn: int) -> None:
         destination = self._get(key)
-        destination.busy.discard(conn)
-        destination.idle.setdefault(tenant, []).append(conn)
+        destination.park(tenant, conn)
         self._run(key, destination, self._share(destination).park(tenant))
 
     def closing(self, key: DestKey, tenant: str, conn: int, idle: bool) -> None:
         destination = self._get(key)
-        if idle:
-            stack = destination.idle.get(tenant, [])
-            if conn not in stack:
-                return  # already taken or reclaimed: its own end will be reported
-            stack.remove(conn)
-        destination.busy.discard(conn)
-        destination.closing.add(conn)
-        destination.share.closing(tenant, idle=idle)
+        if destination.start_closing(tenant, conn, idle):
+            destination.share.closing(tenant, idle=idle)
 
     def gone(self, key: DestKey, tenant: str, conn: int) -> None:
         destination = self._get(key)
-        destination.up.discard(conn)
-        if conn in destination.closing:
-            destination.closing.discard(conn)
-            was = "closing"
-        elif conn in destination.idle.get(tenant, ()):
-            destination.idle[tenant].remove(conn)
-            was = "idle"
-        else:
-            destination.busy.discard(conn)
-            was = "busy"
-        if not destination.idle.get(tenant, True):
-            del destination.idle[tenant]
+        was = destination.gone(tenant, conn)
         self._run(key, destination, self._share(destination).gone(tenant, was=was))
 
     def forget_worker(self, worker: int) -> None:
@@ -364,11 +308,7 @@ class LocalScheduler:
             for name in [n for n in destination.share.tenants() if n.endswith(suffix)]:
                 destination.idle.pop(name, None)
                 self._run(key, destination, self._share(destination).leave(name))
-            destination.asked = {
-                t: at for t, at in destination.asked.items() if worker_of(t) != worker
-            }
-            for conns in (destination.busy, destination.up, destination.closing):
-                conns.difference_update({c for c in conns if worker_of(c) == worker})
+            destination.forget_worker(worker)
 
     # ------------------------------------------------------------------ the MX's answers
     def accepted(self, key: DestKey) -> None:
@@ -396,33 +336,22 @@ class LocalScheduler:
         if seconds > 0 and limit is not None:
             destination.cap, destination.cap_until = limit, now + seconds
             self._notice(
-                True,
-                "destination %s: %s deferral: at most %d connections for %.0f s",
-                _text(key),
-                kind,
-                limit,
-                seconds,
-            )
+                True, "destination %s: %s deferral: at most %d connections for %.0f s",
+                describe(key), kind, limit, seconds,
+            )  # fmt: skip
         if seconds > 0 and rate is not None:
             destination.pacing.slow(rate, now + seconds)
             self._notice(
-                True,
-                "destination %s: %s deferral: at most %g messages a minute for %.0f s",
-                _text(key),
-                kind,
-                rate,
-                seconds,
-            )
+                True, "destination %s: %s deferral: at most %g messages a minute for %.0f s",
+                describe(key), kind, rate, seconds,
+            )  # fmt: skip
         if suspend > 0:
             destination.pacing.suspend(now + suspend)
             destination.suspended_by = kind
             self._notice(
-                True,
-                "destination %s: %s deferral: no new transaction for %.0f s",
-                _text(key),
-                kind,
-                suspend,
-            )
+                True, "destination %s: %s deferral: no new transaction for %.0f s",
+                describe(key), kind, suspend,
+            )  # fmt: skip
             for ticket in list(destination.asked):  # what waits is told now, not at hold_max
                 del destination.asked[ticket]
                 self._run(key, destination, self._share(destination).cancel(ticket))
@@ -448,17 +377,12 @@ class LocalScheduler:
         rate = self._limits(d.rule).max_messages_per_minute if d is not None else None
         return None if d is None else (d.share, d.limit.value if d.limit.fixed else None, rate)
 
-    def _effective(self, destination: _Destination, value: int) -> int:
-        if destination.outside is not None:
-            value = max(1, destination.outside)
-        if destination.cap and self._clock() < destination.cap_until:
-            return max(1, min(value, destination.cap))
-        destination.cap = 0
-        return value
+    def _effective(self, destination: Destination, value: int) -> int:
+        return destination.effective(value, self._clock())
 
     # ------------------------------------------------------------------ the pace
     def _declined(
-        self, key: DestKey, destination: _Destination, ticket: int, tenant: str = ""
+        self, key: DestKey, destination: Destination, ticket: int, tenant: str = ""
     ) -> bool:
         """While the destination is suspended a transaction does not wait: ``Declined``
         (the tenant's 451 says why and for how long; the mail stays at its MSA). The
@@ -478,15 +402,11 @@ class LocalScheduler:
         self.deliver(key, Declined(ticket, text))
         return True
 
-    def _share(self, destination: _Destination) -> FairShare:
+    def _share(self, destination: Destination) -> FairShare:
         """The destination's fair share, told what its pace lets through now."""
-        share = destination.share
-        share.allowance = destination.pacing.allowance(self._clock())
-        if destination.outside == 0:  # (the fleet has given it no connection yet)
-            share.allowance = 0
-        return share
+        return destination.paced(self._clock())
 
-    def _arm(self, key: DestKey, destination: _Destination) -> None:
+    def _arm(self, key: DestKey, destination: Destination) -> None:
         """Transactions wait and the pace holds them: fill again when the next is due."""
         if self._later is None or not destination.share.waiting():
             return
@@ -515,13 +435,11 @@ class LocalScheduler:
                 destination.timer = None
 
     # ------------------------------------------------------------------ orders out
-    def _run(self, key: DestKey, destination: _Destination, orders: list[Grant | Reclaim]) -> None:
+    def _run(self, key: DestKey, destination: Destination, orders: list[Grant | Reclaim]) -> None:
         now = self._clock()
         for order in orders:
             if isinstance(order, Reclaim):
-                conn = destination.idle[order.tenant].pop(0)  # the oldest
-                if not destination.idle[order.tenant]:
-                    del destination.idle[order.tenant]
+                conn = destination.take_idle(order.tenant, newest=False)
                 destination.closing.add(conn)
                 self.deliver(key, Close(order.tenant, conn))
                 continue
@@ -532,9 +450,7 @@ class LocalScheduler:
             self.waits.add(order.tenant, waited)
             conn = 0
             if order.reuse:
-                conn = destination.idle[order.tenant].pop()  # the newest
-                if not destination.idle[order.tenant]:
-                    del destination.idle[order.tenant]
+                conn = destination.take_idle(order.tenant, newest=True)
                 destination.busy.add(conn)
             self.deliver(key, Take(order.ticket, order.tenant, conn, destination.per_connection))
         self._arm(key, destination)
@@ -547,27 +463,11 @@ class LocalScheduler:
 
     def views(self) -> list[dict[str, object]]:
         now = self._clock()
-        out: list[dict[str, object]] = []
-        for key, d in self._all.items():
-            tenants: dict[str, dict[str, int]] = {}
-            for name, (busy, idle, waiting) in d.share.tenants().items():
-                tenant = name.rpartition("@")[0] or name  # tenant@worker -> the tenant
-                into = tenants.setdefault(tenant, {"busy": 0, "idle": 0, "waiting": 0})
-                into["busy"] += busy
-                into["idle"] += idle
-                into["waiting"] += waiting
-            out.append({
-                "destination": _text(key),
-                "limit": d.share.limit,
-                "learned": not d.limit.fixed,
-                "in_use": d.share.in_use,
-                "waiting": d.share.waiting(),
-                "tenants": tenants,
-                "rule": None if d.rule is None else self._book[d.rule].describe(),
-                "max_messages_per_connection": d.per_connection,
-                "max_messages_per_minute": d.pacing.per_minute(now),
-                "suspended_s": round(d.pacing.suspended_for(now), 1),
-                **d.tally.view(now),
-                **(self.annotate(key) if self.annotate is not None else {}),
-            })  # fmt: skip
-        return out
+        annotate = self.annotate
+        return [
+            {
+                **d.view(key, now, None if d.rule is None else self._book[d.rule].describe()),
+                **(annotate(key) if annotate is not None else {}),
+            }
+            for key, d in self._all.items()
+        ]
