@@ -22,8 +22,11 @@ pytestmark = pytest.mark.unit
             '(e.g. listen = ["0.0.0.0:10025", "[::]:10025"])',
         ),
         ({"timeouts": 30}, "timeouts: expected a table, e.g. [timeouts]"),
-        ({"log_queue_limit": 0}, "log_queue_limit: must be at least 1, got 0"),
-        ({"log_queue_limit": 2.5}, "log_queue_limit: expected a whole number, got 2.5"),
+        ({"log_queue_limit": 0}, "log_queue_limit: expected a whole number of at least 1, got 0"),
+        (
+            {"log_queue_limit": 2.5},
+            "log_queue_limit: expected a whole number of at least 1, got 2.5",
+        ),
         ({"log_process": "yes"}, "log_process: expected true or false"),
         ({"log_headers": 1}, "log_headers: expected true or false"),
     ],

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig, Timeouts, TlsMode
-from mailsluice.settings.fair import FairConfigError, FairSettings
+from mailsluice.settings.fair import FairSettings
 from mailsluice.settings.fair import parse as parse_fair
 from mailsluice.settings.filters import (
     FilteringSettings,
     FilterSpec,
-    PluginConfigError,
     PluginSpec,
     parse_filtering,
     parse_filters,
@@ -28,17 +27,17 @@ from mailsluice.settings.filters import (
 )
 from mailsluice.settings.fleet import (
     SharedState,
-    SharedStateError,
     parse_gateway_name,
     parse_shared_state,
 )
 from mailsluice.settings.keyhints import TABLE_KEYS, hint
 from mailsluice.settings.logplace import DEFAULT_LOG as DEFAULT_LOG
-from mailsluice.settings.sources import SourceConfigError, SourceSettings
+from mailsluice.settings.sources import SourceSettings
 from mailsluice.settings.sources import check as check_sources
 from mailsluice.settings.sources import parse as parse_sources
-from mailsluice.settings.tls import CLIENT_KEYS, TlsConfigError, TlsSettings
+from mailsluice.settings.tls import CLIENT_KEYS, TlsSettings
 from mailsluice.settings.tls import parse as parse_tls
+from mailsluice.settings.values import Network, SettingsError, network, number
 
 DEFAULT_LISTEN = "127.0.0.1:10025"
 #: in ``allow``: this host's own addresses, read from its interfaces at start
@@ -67,11 +66,12 @@ TOP_KEYS = (
     "source_addresses", "source_rules", "source_penalty", "shared_state", "gateway_name",
 )  # fmt: skip
 
-AllowEntry = ipaddress.IPv4Network | ipaddress.IPv6Network | Literal["local"]
+AllowEntry = Network | Literal["local"]
 
 
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the key and the fix."""
+class ConfigError(SettingsError):
+    """A configuration value is wrong; the message names the key and the fix (every
+    other ``SettingsError`` becomes one when the settings are read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,14 +178,11 @@ def _listen(raw: object, key: str) -> HostPort | tuple[HostPort, ...]:
     return tuple(dict.fromkeys(parse_host_port(_string(item, key), key) for item in raw))
 
 
-def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    try:
-        return ipaddress.ip_network(value.strip(), strict=False)
-    except ValueError:
-        raise ConfigError(
-            f"{key}: {value!r} is not a network in CIDR form (e.g. 10.0.0.0/8) "
-            f"or {ALLOW_LOCAL!r} (this host's own addresses)"
-        ) from None
+def _network(value: str, key: str) -> Network:
+    expected = (
+        f"a network in CIDR form (e.g. 10.0.0.0/8) or {ALLOW_LOCAL!r} (this host's own addresses)"
+    )
+    return network(value, key, error=ConfigError, expected=expected)
 
 
 def _allow(raw: list[object], key: str) -> tuple[AllowEntry, ...]:
@@ -219,22 +216,13 @@ def _sink_url(value: str, key: str) -> str:
 
 
 def _fleet(key: str, value: str) -> SharedState | str | None:
-    try:
-        if key == "gateway_name":
-            return parse_gateway_name(value)
-        return parse_shared_state(value) if value.strip() else None
-    except SharedStateError as exc:
-        raise ConfigError(str(exc)) from None
+    if key == "gateway_name":
+        return parse_gateway_name(value)
+    return parse_shared_state(value) if value.strip() else None
 
 
 def _number(raw: object, key: str, *, minimum: float = 0.0, integer: bool = False) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ConfigError(f"{key}: expected a number, got {raw!r}")
-    if integer and not isinstance(raw, int):
-        raise ConfigError(f"{key}: expected a whole number, got {raw!r}")
-    if raw < minimum:
-        raise ConfigError(f"{key}: must be at least {minimum:g}, got {raw!r}")
-    return raw
+    return number(raw, key, minimum=minimum, integer=integer, error=ConfigError)
 
 
 def _string(raw: object, key: str) -> str:
@@ -269,7 +257,9 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
     """Build settings from a parsed TOML document (keys as in ``docs/configuration.md``)."""
     try:
         settings = _settings_from_mapping(data, base or Settings())
-    except PluginConfigError as exc:
+    except ConfigError:
+        raise
+    except SettingsError as exc:  # a part's own (fair sharing's, TLS's...): one class
         raise ConfigError(str(exc)) from None
     if settings.filters:  # filter mode: the relay takes each message whole before the MX
         if not settings.relay.message_size_limit:
@@ -338,26 +328,17 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
         table = data.get("fair_sharing")
         if table is not None and not isinstance(table, Mapping):
             raise ConfigError("fair_sharing: expected a table, e.g. [fair_sharing]")
-        try:
-            top["fair"] = parse_fair(table, *(data.get(k) for k in fair_keys[1:]))
-        except FairConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        top["fair"] = parse_fair(table, *(data.get(k) for k in fair_keys[1:]))
     tls_keys = (*CLIENT_KEYS, "tls_policy", "tls_policies")
     if any(key in data for key in tls_keys):
         client = {key: data[key] for key in CLIENT_KEYS if key in data}
-        try:
-            top["tls"] = parse_tls(client, data.get("tls_policy"), data.get("tls_policies"))
-        except TlsConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        top["tls"] = parse_tls(client, data.get("tls_policy"), data.get("tls_policies"))
     source_keys = ("source_addresses", "source_rules", "source_penalty")
     if any(key in data for key in source_keys):
-        try:
-            top["sources"] = parse_sources(*(data.get(k) for k in source_keys))
-            fair = top.get("fair", settings.fair)
-            tenants = tuple(group.name for group in fair.tenants)
-            check_sources(top["sources"], fair_sharing=fair.enabled, tenants=tenants)
-        except SourceConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        top["sources"] = parse_sources(*(data.get(k) for k in source_keys))
+        fair = top.get("fair", settings.fair)
+        tenants = tuple(group.name for group in fair.tenants)
+        check_sources(top["sources"], fair_sharing=fair.enabled, tenants=tenants)
     for key, raw in data.items():
         if key in tls_keys or key in source_keys:
             continue  # read above, together

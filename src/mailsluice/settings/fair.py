@@ -52,15 +52,15 @@ from mailsluice.policy.deferrals import DeferralClass, Response, Rule, default_r
 from mailsluice.policy.destrules import DestinationRule, normal_name
 from mailsluice.policy.learned import LimitRules
 from mailsluice.settings.keyhints import TABLE_KEYS, hint
+from mailsluice.settings.values import Network, SettingsError, network, number, only, tables, whole
 
 __all__ = ["DestinationRule", "FairSettings", "FairConfigError", "TenantGroup", "parse"]
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: seconds: hold_max stays well under the MSAs' 300 s wait for the reply to MAIL FROM
 HOLD_MAX_LIMIT = 250.0
 
 
-class FairConfigError(ValueError):
+class FairConfigError(SettingsError):
     """A fair-sharing setting that cannot be used (the message names it and the fix)."""
 
 
@@ -150,9 +150,11 @@ def parse(
     if rules.start > rules.ceiling:
         raise FairConfigError("fair_sharing.start: must not be above fair_sharing.ceiling")
     top["limits"] = rules
-    top["destinations"] = tuple(_destination(i, d) for i, d in enumerate(_list(destinations)))
-    top["tenants"] = tuple(_tenant(i, t) for i, t in enumerate(_list(tenants)))
-    own = tuple(_deferral(i, r) for i, r in enumerate(_list(deferral_rules)))
+    top["destinations"] = tuple(
+        _destination(i, d) for i, d in enumerate(_tables(destinations, "destinations"))
+    )
+    top["tenants"] = tuple(_tenant(i, t) for i, t in enumerate(_tables(tenants, "tenants")))
+    own = tuple(_deferral(i, r) for i, r in enumerate(_tables(deferral_rules, "deferral_rules")))
     top["deferral_rules"] = own + default_rules()
     return FairSettings(**{**_defaults(base), **top})
 
@@ -163,14 +165,6 @@ def _defaults(base: FairSettings) -> dict[str, Any]:
 
 def _limit_defaults(rules: LimitRules) -> dict[str, Any]:
     return {name: getattr(rules, name) for name in LimitRules.__dataclass_fields__}
-
-
-def _list(raw: Any) -> list[Mapping[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or not all(isinstance(item, Mapping) for item in raw):
-        raise FairConfigError("expected an array of tables ([[name]] in the file)")
-    return raw
 
 
 _SETS = ("max_connections", "max_messages_per_connection", "max_messages_per_minute")
@@ -269,25 +263,19 @@ def _deferral(index: int, raw: Mapping[str, Any]) -> Rule:
 
 
 def _only(raw: Mapping[str, Any], where: str, keys: set[str]) -> None:
-    unknown = set(raw) - keys
-    if unknown:
-        first = sorted(unknown)[0]
-        raise FairConfigError(f"{where}: unknown key {first!r}{hint(first, keys, where)}")
+    only(raw, where, keys, error=FairConfigError)
+
+
+def _tables(raw: Any, key: str) -> list[Mapping[str, Any]]:
+    return tables(raw, key, error=FairConfigError)
 
 
 def _network(value: Any, key: str) -> Network:
-    try:
-        return ipaddress.ip_network(str(value), strict=False)
-    except ValueError:
-        raise FairConfigError(
-            f"{key}: {value!r} is not an address or network, e.g. 192.0.2.0/24"
-        ) from None
+    return network(value, key, error=FairConfigError)
 
 
 def _number(raw: Any, key: str, *, minimum: float = 0.0) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < minimum:
-        raise FairConfigError(f"{key}: expected a number of at least {minimum:g}")
-    return float(raw)
+    return float(number(raw, key, minimum=minimum, error=FairConfigError))
 
 
 def _rate(raw: Any, key: str) -> float:
@@ -297,6 +285,4 @@ def _rate(raw: Any, key: str) -> float:
 
 
 def _integer(raw: Any, key: str, *, minimum: int = 0) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-        raise FairConfigError(f"{key}: expected a whole number of at least {minimum}")
-    return raw
+    return whole(raw, key, minimum=minimum, error=FairConfigError)

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mailsluice.settings.keyhints import TABLE_KEYS, hint
+from mailsluice.settings.values import SettingsError, number
 
 __all__ = [
     "FILTER_TYPES",
@@ -51,7 +52,7 @@ FAILURE_POLICIES = {"tempfail": (451, "4.3.0 Error: message filter unavailable, 
                     "reject": (554, "5.3.0 Error: message filter failed")}  # fmt: skip
 
 
-class PluginConfigError(ValueError):
+class PluginConfigError(SettingsError):
     """A filter or plugin setting is wrong; the message names the key and the fix."""
 
 
@@ -92,9 +93,7 @@ class FilteringSettings:
 
 
 def _number(raw: object, key: str, minimum: float) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < minimum:
-        raise PluginConfigError(f"{key}: expected a number of at least {minimum:g}, got {raw!r}")
-    return float(raw)
+    return float(number(raw, key, minimum=minimum, error=PluginConfigError))
 
 
 def parse_filtering(table: object) -> FilteringSettings:

@@ -17,13 +17,15 @@ import socket
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from mailsluice.settings.values import SettingsError
+
 __all__ = ["SharedState", "SharedStateError", "default_gateway_name", "parse_shared_state"]
 
 _EXAMPLE = "e.g. redis://10.0.0.5:6379/0 or redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster"
 _SCHEMES = ("redis", "rediss", "redis+sentinel")
 
 
-class SharedStateError(ValueError):
+class SharedStateError(SettingsError):
     """The setting is wrong; the message names the key and the fix."""
 
 

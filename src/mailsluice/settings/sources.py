@@ -40,7 +40,7 @@ from typing import Any
 
 from mailsluice.policy.destrules import normal_name
 from mailsluice.policy.sources import SourceAddress, SourcePool, SourceRule
-from mailsluice.settings.keyhints import hint
+from mailsluice.settings.values import Network, SettingsError, network, only, tables
 
 __all__ = ["SourceConfigError", "SourceSettings", "check", "parse"]
 
@@ -48,7 +48,7 @@ DEFAULT_PENALTY = 3600.0
 _RULE_KEYS = ("tenant", "client", "sender_domain", "mx", "mx_host", "recipient_domain")
 
 
-class SourceConfigError(ValueError):
+class SourceConfigError(SettingsError):
     """A source-address setting that cannot be used (the message names it and the fix)."""
 
 
@@ -206,13 +206,8 @@ def _names(raw: Mapping[str, Any], key: str, where: str, example: str) -> tuple[
     return tuple(found)
 
 
-def _network(value: str, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    try:
-        return ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        raise SourceConfigError(
-            f"{key}: {value!r} is not an address or network, e.g. 192.0.2.0/24"
-        ) from None
+def _network(value: str, key: str) -> Network:
+    return network(value, key, error=SourceConfigError)
 
 
 def _is_address(text: str) -> bool:
@@ -224,18 +219,8 @@ def _is_address(text: str) -> bool:
 
 
 def _list(raw: Any, key: str) -> list[Mapping[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or not all(isinstance(item, Mapping) for item in raw):
-        raise SourceConfigError(f"{key}: expected an array of tables ([[{key}]] in the file)")
-    return raw
+    return tables(raw, key, error=SourceConfigError)
 
 
 def _only(raw: Mapping[str, Any], where: str, keys: set[str]) -> None:
-    unknown = set(raw) - keys
-    if unknown:
-        first = sorted(unknown)[0]
-        raise SourceConfigError(
-            f"{where}: unknown key {first!r}{hint(first, keys, where)} "
-            f"(known: {', '.join(sorted(keys))})"
-        )
+    only(raw, where, keys, error=SourceConfigError, list_known=True)

@@ -40,6 +40,7 @@ from typing import Any
 
 from mailsluice.policy.tls.model import Level, TlsPolicyRule
 from mailsluice.settings.keyhints import TABLE_KEYS, hint
+from mailsluice.settings.values import SettingsError
 
 __all__ = ["TlsConfigError", "TlsPolicyRule", "TlsSettings", "parse", "parse_resolver"]
 
@@ -49,7 +50,7 @@ CLIENT_KEYS = ("client_tls", "client_tls_cert", "client_tls_key", "client_tls_mi
 _VERSIONS = ("1.2", "1.3")
 
 
-class TlsConfigError(ValueError):
+class TlsConfigError(SettingsError):
     """A TLS setting is wrong; the message names the key and the fix."""
 
 
