@@ -6,7 +6,7 @@ names its destinations in one of three ways:
 
 * ``match``: the MX's address, or a network of them;
 * ``host``: an MX host name (``mx1.example.net``), or every name under a domain
-  (``.example.net``). The shell resolves the names (``runtime.names``): an exact name to
+  (``.example.net``). The shell resolves the names (``runtime.fair.names``): an exact name to
   its addresses, and, for a suffix, each destination's address back to its name (PTR,
   confirmed forward). A host rule matches the names an address is known by;
 * ``domain``: a recipient domain (``gmail.com``, or ``.example.com`` for every name

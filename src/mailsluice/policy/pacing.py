@@ -18,7 +18,7 @@ deferral's lower rate for a while, and a suspension.
 Transactions that cannot go wait in the destination's waiting room, in their fair order
 (``fairshare``), and get ``451 4.4.5`` after ``hold_max`` as any wait does: nothing is
 lost. (While a suspension lasts the scheduler does not let them wait at all: it declines
-them at once, ``runtime.scheduler``.) No clock here: the time is passed in.
+them at once, ``scheduling.scheduler``.) No clock here: the time is passed in.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def run(settings: Settings, source: Callable[[], Settings] | None = None) -> int
     """Blocking entry point: one process, or ``settings.workers`` forked workers.
     ``source`` reads the configuration again, for SIGHUP (None: SIGHUP reloads nothing
     and says so)."""
-    with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.workers``)
+    with hangup_ignored():  # SIGHUP stops nothing (see ``runtime.process.workers``)
         return _run(settings, source)
 
 

@@ -80,7 +80,7 @@ class Proxy:
         # the TLS caches and counts are beside the state file (the same for every worker)
         self._tls_state = state_path(settings.state_file, settings.log)
         self._tlsrpt = tls_reports(settings, self._tls_state)
-        self._tls_results = self._tlsrpt  # every session's result (``tlsrpt_count``)
+        self._tls_results = self._tlsrpt  # every session's result (``tls.rpt_count``)
         # and a bad certificate stops us here
         self._parts = build_parts(settings, chain, state=self._tls_state, results=self._tlsrpt)
         self.settings = settings = self._parts.settings

@@ -3,7 +3,7 @@
 ``SourceSelector`` applies the pure choice (``policy.sources.choose``) with what the
 shell knows: the random draw, the clock, the MX addresses' host names (``names``: the
 ``mx_host`` rules' names, resolved as the ``[[destinations]]`` host names are:
-``runtime.names``), the recipient domains seen at each MX address (``seen``), and the
+``runtime.fair.names``), the recipient domains seen at each MX address (``seen``), and the
 addresses out for reputation at each MX (``deferred``, ``refused``).
 
 An address an MX defers (4xx) or refuses (5xx) with a reply of the ``reputation`` class

@@ -102,7 +102,7 @@ Later = Callable[[float, Callable[[], None]], Cancellable]
 
 
 class Names(Protocol):
-    """The host names MX addresses are known by (``runtime.names.HostNames``)."""
+    """The host names MX addresses are known by (``runtime.fair.names.HostNames``)."""
 
     def names_of(self, address: str) -> frozenset[str]: ...
 

@@ -1,7 +1,7 @@
 """The per-destination and per-tenant-group metrics, read from the scheduler at scrape time.
 
 A custom collector rather than labelled gauges kept up to date: the scheduler
-(``runtime.scheduler.LocalScheduler``) already counts every destination for ``mailsluice
+(``scheduling.scheduler.LocalScheduler``) already counts every destination for ``mailsluice
 destinations``, so a scrape reads its live state (``views``) and nothing is kept twice.
 It runs where the scheduler is: in the one process, or with ``--workers N`` in the
 broker's process, which serves the admin server for the host (``runtime.admin.host``).

@@ -358,7 +358,7 @@ class Destination:
 class Destinations:
     """Every destination of this worker (see the module docstring).
 
-    ``scheduler`` decides (``runtime.scheduler``): a ``LocalScheduler`` made here when
+    ``scheduler`` decides (``scheduling.scheduler``): a ``LocalScheduler`` made here when
     this process is alone, or the broker's client with several workers (``attach``);
     its orders come back through ``deliver``. ``worker`` numbers this worker: tenants are
     then known to the scheduler as ``tenant@worker`` and connection numbers are unique

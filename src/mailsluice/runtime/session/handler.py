@@ -400,7 +400,7 @@ class ConnectionHandler:
             hold.destination.lost(hold)
 
     def _linger(self, client: asyncio.Transport) -> None:
-        """Close the client without destroying our last replies (``runtime.linger``)."""
+        """Close the client without destroying our last replies (``linger``)."""
         self._lingering = LingeringClose(self._loop)
         self._lingering.start(client)
 

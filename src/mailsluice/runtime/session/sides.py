@@ -1,7 +1,7 @@
 """The two legs' protocol objects: each transport's callbacks, handed to the session.
 
 ``Side`` forwards one transport's callbacks (data, end of stream, loss, write
-backpressure) to whatever owns the session (``connection.Session``), saying which leg
+backpressure) to whatever owns the session (``handler.ConnectionHandler``), saying which leg
 they came from; it holds no state of its own.
 """
 

@@ -8,7 +8,7 @@ What a connection asks of it:
   plaintext then), and which name to send as SNI (``name_for``: the MX host name
   learned from the DNS);
 * at a transaction's first recipient of each domain: the check (``gate``,
-  ``tlsgate.TlsGate``), or None when no policy can ask more than opportunistic TLS
+  ``gate.TlsGate``), or None when no policy can ask more than opportunistic TLS
   (no rule that needs TLS, ``may`` by default, no ``resolver`` for DANE or MTA-STS):
   then the relay never asks and costs nothing.
 

@@ -1,6 +1,6 @@
 """TLS report counts the per-domain check does not make (RFC 8460, ``tlsrpt = true``).
 
-The check (``tlsgate.TlsGate``) counts each recipient domain's result when it runs: only
+The check (``gate.TlsGate``) counts each recipient domain's result when it runs: only
 when a policy can ask more than opportunistic TLS (a rule, ``default_level`` above
 ``may``, a resolver for DANE and MTA-STS). The docs promise every session, so the relay's
 log records fill in what it does not see (``TlsRptCounter.tee``, on the records' way to
