@@ -1,14 +1,16 @@
 """What a connection needs from the running proxy: one small interface, and its maker.
 
-``ConnectionServices`` is everything ``handler.ConnectionHandler`` and ``mxleg.MxLeg``
-use: where a connection goes (``route``), whether it may (``admit``), the TLS state
-toward MXes (the client context, the chain verifier, the sessions kept for resumption, the
-MX host name for SNI), the session log, the pool of idle MX connections, the filter chain, and
-the registry of live connections. The handler imports this interface only, never the
-server that builds it, so the runtime has no import cycle; tests can hand a handler a
-services object of their own.
+``ConnectionServices`` is what a connection uses, as the roles its parts play: the MX leg's
+(``MxServices``: the dial's settings and registry of outbound pairs, the pool of idle MX
+connections, the TLS state toward MXes: the context, the chain verifier, the sessions kept
+for resumption, the MX host name for SNI), the opening's (``OpeningServices``: where a
+connection goes, ``route``, whether it may, ``admit``, its session id, tenant and source
+address, fair sharing) and the handler's own (``SessionServices``: the relay's settings,
+the session log, the filter chain, the client leg's TLS, the registry of live
+connections). Each part imports only its role, never the server that builds it, so the
+runtime has no import cycle and a part's tests can hand it a fake of its role.
 
-``Services`` is the proxy's: it composes ``admission.Admission``, the TLS memory, the
+``Services`` is the proxy's: it composes ``net.admission.Admission``, the TLS memory, the
 log writer and the pool, each kept to its own job.
 
 A reload (``runtime.reload``) makes the next *generation* (``Services.renewed``): a new
@@ -59,7 +61,10 @@ if TYPE_CHECKING:
     from mailsluice.runtime.fleet.link import FleetLink
     from mailsluice.runtime.metrics import Metrics
 
-__all__ = ["ConnectionServices", "Registered", "Services"]
+__all__ = [
+    "ConnectionServices", "MxServices", "OpeningServices", "Registered", "Services",
+    "SessionServices",
+]  # fmt: skip
 
 
 class Registered(Protocol):
@@ -74,28 +79,37 @@ class Registered(Protocol):
     def held_lines(self) -> tuple[tuple[int, float, str, str], ...]: ...
 
 
-class ConnectionServices(Protocol):
-    """The services one connection uses (see the module docstring)."""
+class MxServices(Protocol):
+    """What a connection's MX leg uses (``session.mxleg``): the dial's settings and its
+    registry of outbound pairs, the pool of idle connections, the TLS state toward MXes."""
 
     settings: Settings
-    relay_config: RelayConfig  # the relay's settings, with what fair sharing adds
-    log_writer: LogWriter
-    # where the relay's log records go: the log writer's ``submit``, or with metrics on
-    # (``runtime.metrics``) a tee that also counts them
-    submit_record: Callable[[Record], None]
     metrics: Metrics | None  # the Prometheus metrics (None: off)
-    destinations: Destinations | None  # fair sharing (None: off)
-    filter_chain: FilterChain | None
     pool: UpstreamPool | None
     tls_context: ssl.SSLContext
     chain_verifier: ChainVerifier
     mx_tls: MxTls  # the MX leg's TLS policy: allowed, required, SNI, the per-domain check
     resumption: Resumption | None  # TLS sessions kept for the next handshake (None: off)
-    client_tls_context: ssl.SSLContext | None  # the client leg's STARTTLS (None: not offered)
-    sources: SourceSelector  # which outbound address a connection leaves from
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def tls_name_for(self, destination_ip: str) -> str | None: ...
+
+    def dialled(self, pair: Outbound) -> None: ...
+
+    def hung_up(self, pair: Outbound) -> None: ...
+
+
+class OpeningServices(MxServices, Protocol):
+    """What a session's opening decides with (``session.opening``), besides what the MX
+    leg it makes uses: where the connection goes and whether it may, its session id and
+    tenant, its source address, its place under fair sharing, TLS on both legs."""
+
+    relay_config: RelayConfig  # the relay's settings, with what fair sharing adds
+    destinations: Destinations | None  # fair sharing (None: off)
+    sources: SourceSelector  # which outbound address a connection leaves from
+    client_tls_context: ssl.SSLContext | None  # the client leg's STARTTLS (None: not offered)
 
     def new_session_id(self) -> str: ...
 
@@ -111,17 +125,35 @@ class ConnectionServices(Protocol):
 
     def tls_allowed(self, destination: str, now: float) -> bool: ...
 
+
+class SessionServices(Protocol):
+    """What the connection's handler itself uses (``session.handler``): its relay's
+    settings, where the relay's records go, the filter chain, the client leg's TLS, the
+    TLS failure memory, the registry of live connections."""
+
+    settings: Settings
+    relay_config: RelayConfig
+    # where the relay's log records go: the log writer's ``submit``, or with metrics on
+    # (``runtime.metrics``) a tee that also counts them
+    submit_record: Callable[[Record], None]
+    filter_chain: FilterChain | None
+    client_tls_context: ssl.SSLContext | None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def tenant_of(self, client_ip: str) -> str: ...
+
     def tls_failed(self, destination: str, now: float) -> None: ...
-
-    def tls_name_for(self, destination_ip: str) -> str | None: ...
-
-    def dialled(self, pair: Outbound) -> None: ...
-
-    def hung_up(self, pair: Outbound) -> None: ...
 
     def started(self, connection: Registered) -> None: ...
 
     def ended(self, connection: Registered) -> None: ...
+
+
+class ConnectionServices(OpeningServices, SessionServices, Protocol):
+    """Every role a connection's parts play with the proxy: the handler's own, and what
+    it hands the opening and the MX leg (see the module docstring)."""
 
 
 def _join(destinations: Destinations, settings: Settings) -> FleetLink:
@@ -153,7 +185,7 @@ def _submitter(
     settings: Settings, log_writer: LogWriter, metrics: Metrics | None, mx_tls: MxTls
 ) -> Callable[[Record], None]:
     """Where the relay's records go: the log writer, the metrics, the TLS report counts
-    the per-domain check does not make (``tlsrpt_count``), ``-v``'s lines."""
+    the per-domain check does not make (``tls.rpt_count``), ``-v``'s lines."""
     submit = log_writer.submit if metrics is None else metrics.tee(log_writer.submit)
     if mx_tls.results is not None:
         counter = TlsRptCounter(mx_tls.results, mx_tls.policies, checked=mx_tls.gate is not None)

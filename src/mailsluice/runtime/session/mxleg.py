@@ -4,23 +4,23 @@
 handler owns it in turn and hears from it through ``feed`` (a relay event) and the
 transport's protocol (``sides.Side``, made by ``protocol``):
 
-* ``connect`` dials (``dialer.dial``: bound to ``source``, the outbound address chosen
+* ``connect`` dials (``net.dialer.dial``: bound to ``source``, the outbound address chosen
   for the connection (``runtime.sources``), within the connect timeout) and registers
   the address pair the moment ``connect()`` has chosen the source port, before this
   loop can accept anything: a redirect of our own connection back to us is then
-  refused as a loop, deterministically (``admission``);
+  refused as a loop, deterministically (``net.admission``);
 * ``start_tls_by_policy`` runs it with what the MX leg's TLS policy knows of the
   address (SNI, profile); ``check_policy`` answers the relay's per-domain TLS policy
-  check on this connection's facts (``tlsgate``);
+  check on this connection's facts (``tls.gate``);
 * ``start_tls`` runs the STARTTLS handshake the relay asked for (with the SNI and the
-  profile the caller gives; resuming a session when one is kept for them: ``tlsresume``),
+  profile the caller gives; resuming a session when one is kept for them: ``tls.resume``),
   reports the protocol, the cipher and whether the chain verified, and keeps the
   connection's ``tls_facts`` (the chain presented; a resumed session's is the one its full
   handshake presented); ``tls_settled``, called at the MX's first reply over TLS,
   remembers the session (a TLS 1.3 ticket comes after the handshake);
 * with connection reuse, ``take_pooled`` makes an idle connection of the pool its own
   before the relay starts, and ``release`` gives it back when the relay says
-  ``ReleaseServer`` (``upstreampool``).
+  ``ReleaseServer`` (``fair.pool``).
 
 Every exception of the OS or of TLS becomes an event in ``errors``.
 """
@@ -40,7 +40,7 @@ from mailsluice.runtime.fair.destinations import Hold, Idle
 from mailsluice.runtime.fair.pool import Pooled, PoolKey
 from mailsluice.runtime.net.admission import Outbound
 from mailsluice.runtime.net.dialer import dial, plain_host
-from mailsluice.runtime.services import ConnectionServices
+from mailsluice.runtime.services import MxServices
 from mailsluice.runtime.session.sides import Side, format_address
 from mailsluice.runtime.tls.contexts import peer_chain
 from mailsluice.runtime.tls.resume import Remembered, ResumeKey, Verdict
@@ -90,7 +90,7 @@ class MxLeg:
 
     def __init__(
         self,
-        services: ConnectionServices,
+        services: MxServices,
         destination: tuple[str, int],
         *,
         feed: Callable[[ev.Event], None],
@@ -166,14 +166,14 @@ class MxLeg:
     async def start_tls_by_policy(self) -> None:
         """The handshake the MX leg's TLS policy asks for: the MX host name learned for
         the address as SNI, and a profile that keeps sessions made where TLS is required
-        apart from opportunistic ones (``tlsmx.MxTls``)."""
+        apart from opportunistic ones (``tls.mx.MxTls``)."""
         services = self._services
         mx_ip = plain_host(self.destination[0])
         profile = "required" if services.mx_tls.required(mx_ip) else "may"
         await self.start_tls(services.tls_name_for(mx_ip), profile=profile)
 
     async def check_policy(self, domain: str) -> ev.TlsPolicyChecked:
-        """Does this connection meet ``domain``'s TLS policy (``tlsgate.TlsGate``)?"""
+        """Does this connection meet ``domain``'s TLS policy (``tls.gate.TlsGate``)?"""
         services = self._services
         gate = services.mx_tls.gate
         if gate is None:  # the relay asks only when there is a gate; answer anyway
@@ -187,7 +187,7 @@ class MxLeg:
     async def start_tls(self, server_hostname: str | None = None, profile: str = "") -> None:
         """The STARTTLS handshake: ``server_hostname`` is the SNI (None: none sent);
         ``profile`` names what the handshake is made for (the policy level): a session is
-        only resumed for the same MX address, port, SNI and profile (``tlsresume``)."""
+        only resumed for the same MX address, port, SNI and profile (``tls.resume``)."""
         server = self.transport
         if server is None:
             return

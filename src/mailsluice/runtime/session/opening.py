@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.runtime.net.dialer import plain_host
-from mailsluice.runtime.services import ConnectionServices
+from mailsluice.runtime.services import OpeningServices
 from mailsluice.runtime.session.borrowing import Borrowing
 from mailsluice.runtime.session.mxleg import MxLeg
 from mailsluice.runtime.session.sides import Side, format_address
@@ -47,7 +47,7 @@ class Opened:
 
 
 def open_session(
-    services: ConnectionServices,
+    services: OpeningServices,
     client: asyncio.Transport,
     *,
     feed: Callable[[ev.Event], None],
@@ -123,7 +123,7 @@ def open_session(
 
 
 def choose_source(
-    services: ConnectionServices,
+    services: OpeningServices,
     mx: MxLeg,
     fair: Borrowing,
     client_ip: str,
