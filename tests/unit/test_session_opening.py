@@ -92,7 +92,7 @@ def test_an_admitted_client_gets_a_relay_that_dials_its_destination() -> None:
     services = _Services()
     opened = _open(services)
     assert services.asked == ["route", "admit 198.51.100.7 192.0.2.25:25"]
-    assert (opened.client_ip, opened.fair, opened.sources) == ("198.51.100.7", None, None)
+    assert (opened.client_ip, opened.borrowing, opened.sources) == ("198.51.100.7", None, None)
     assert opened.mx.destination == ("192.0.2.25", 25)
     assert opened.relay.session_id == "s-1"
     assert any(isinstance(action, act.ConnectServer) for action in opened.relay.start())

@@ -40,9 +40,9 @@ from mailsluice.runtime.admin.host import WorkerMetrics, suspensions_of
 from mailsluice.runtime.fair.statefile import StateFile, read_learned
 from mailsluice.runtime.fleet.join import share_penalties
 from mailsluice.runtime.generation import build_parts, first_generation, tls_reports
+from mailsluice.runtime.net.dialer import host_port
 from mailsluice.runtime.net.listener import (
     Listener,
-    address_text,
     listening_sockets,
     steer_by_source,
 )
@@ -220,7 +220,7 @@ class Proxy:
     @property
     def listening_on(self) -> str:
         """The addresses listened on, as an operator reads them: ``0.0.0.0:10025, [::]:10025``."""
-        return ", ".join(address_text(host, port) for host, port in self.addresses)
+        return ", ".join(host_port(host, port) for host, port in self.addresses)
 
     @property
     def mode(self) -> str:

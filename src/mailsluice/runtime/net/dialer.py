@@ -29,6 +29,11 @@ def plain_host(host: str) -> str:
     return host.removeprefix("::ffff:")
 
 
+def host_port(host: str, port: int) -> str:
+    """An address as an operator reads it: ``HOST:PORT``, or ``[V6]:PORT``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def dial(
     host: str,
     port: int,

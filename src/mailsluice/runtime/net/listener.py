@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable, Sequence
 
 from mailsluice.policy import limits
+from mailsluice.runtime.net.dialer import host_port
 
 log = logging.getLogger("mailsluice.server")
 
@@ -135,11 +136,6 @@ class Listener:
         self.sock.close()
 
 
-def address_text(host: str, port: int) -> str:
-    """``HOST:PORT``, or ``[V6]:PORT``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def _fix_for(error: int | None) -> str:
     """What an operator can do when an address cannot be listened on."""
     if error == errno.EADDRINUSE:
@@ -226,7 +222,7 @@ async def listening_sockets(
             except OSError as exc:
                 raise OSError(
                     exc.errno,
-                    f"cannot listen on {address_text(host, port)}: "
+                    f"cannot listen on {host_port(host, port)}: "
                     f"{exc.strerror or exc} ({_fix_for(exc.errno)})",
                 ) from None
     except BaseException:

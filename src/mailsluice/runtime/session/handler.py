@@ -82,7 +82,7 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_client", "_client_eof", "_client_tls", "_deadline", "_fair", "_filters", "_flow",
+        "_borrowing", "_client", "_client_eof", "_client_tls", "_deadline", "_filters", "_flow",
         "_jobs", "_lingering", "_loop", "_peer", "_services", "_sources", "mx", "relay",
     )  # fmt: skip
 
@@ -108,7 +108,7 @@ class ConnectionHandler:
         self.mx: MxLeg = opened.mx
         self.relay: Relay | None = opened.relay
         self._peer = opened.client_ip  # the client's address
-        self._fair: Borrowing | None = opened.fair  # fair sharing: its place in the line
+        self._borrowing: Borrowing | None = opened.borrowing  # fair sharing: its place in line
         self._sources: SourceFeedback | None = opened.sources  # what the MX says counts
 
     @property
@@ -270,8 +270,8 @@ class ConnectionHandler:
             elif isinstance(action, act.Log):
                 record = action.record
                 self._services.submit_record(record)
-                if self._fair is not None:
-                    self._fair.observe(record)
+                if self._borrowing is not None:
+                    self._borrowing.observe(record)
                 if self._sources is not None and isinstance(record, TransactionEnded):
                     self._sources.transaction(record)
             elif isinstance(action, act.SetTimer):
@@ -298,7 +298,7 @@ class ConnectionHandler:
                 else:  # (gone, or a bug of ours: no context, yet TLS was offered)
                     self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
             case act.CloseServer():
-                if self._fair is None or not self.mx.close_counted():
+                if self._borrowing is None or not self.mx.close_counted():
                     self.mx.close()
                     self._let_go()
             case act.CloseClient(linger):
@@ -322,29 +322,29 @@ class ConnectionHandler:
                 if self._filters is not None:
                     self._filters.drop()
             case act.ReleaseServer(state, keep):
-                if self._fair is None:
+                if self._borrowing is None:
                     self.mx.release(state)
                 else:
-                    self._fair.release(state, keep=keep)
+                    self._borrowing.release(state, keep=keep)
             case act.AcquireServer(sender, recipient):
-                assert self._fair is not None, "only a borrowing relay asks for a slot"
+                assert self._borrowing is not None, "only a borrowing relay asks for a slot"
                 if self._sources is not None:
                     choose_source(
-                        self._services, self.mx, self._fair, self._peer, sender, recipient
+                        self._services, self.mx, self._borrowing, self._peer, sender, recipient
                     )
-                self._fair.ask()
+                self._borrowing.ask()
             case act.CancelAcquire():
-                if self._fair is not None:
-                    self._fair.cancel()
+                if self._borrowing is not None:
+                    self._borrowing.cancel()
             case act.Requeue(reason, capacity):
                 self.mx.abort()
-                if self._fair is None:
+                if self._borrowing is None:
                     self._feed_soon(ev.ServerConnectFailed(reason))
                 else:
-                    self._fair.requeue(reason, capacity=capacity)
+                    self._borrowing.requeue(reason, capacity=capacity)
             case act.MxDeferred(code, text):
-                if self._fair is not None:
-                    self._fair.deferred(code, text)
+                if self._borrowing is not None:
+                    self._borrowing.deferred(code, text)
                 if self._sources is not None:
                     self._sources.deferred(code, text)
             case act.TlsBroken():
@@ -384,7 +384,7 @@ class ConnectionHandler:
 
     def _mx_side(self) -> Side:
         """The MX transport's protocol (a new connection's notes its greeting's time)."""
-        probe = self._fair.probe if self._fair is not None else None
+        probe = self._borrowing.probe if self._borrowing is not None else None
         if probe is not None and probe.greeting is None:
             return GreetingWatch(self, probe)
         return Side(self, client=False)
@@ -446,8 +446,8 @@ class ConnectionHandler:
         self._deadline.cancel()
         self.mx.close()
         self._let_go()
-        if self._fair is not None:
-            self._fair.end()
+        if self._borrowing is not None:
+            self._borrowing.end()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -42,7 +42,7 @@ class Opened:
     mx: MxLeg
     relay: Relay
     client_ip: str  # the client's address, plain (no IPv4-mapped prefix)
-    fair: Borrowing | None  # fair sharing: its place in the line (None: off, or refused)
+    borrowing: Borrowing | None  # fair sharing: its place in the line (None: off, refused)
     sources: SourceFeedback | None  # source pools: what the MX says counts (None: none)
 
 
@@ -90,17 +90,17 @@ def open_session(
             rules=settings.fair.deferral_rules,
         )  # fmt: skip
     destinations = services.destinations
-    fair = None
+    borrowing = None
     cached = None
     if destinations is not None and refusal is None:
         key = (mx.source_ip or "", mx_ip, destination[1])
-        fair = Borrowing(
+        borrowing = Borrowing(
             destinations.get(key), tenant, tickets=destinations, mx=mx, feed=feed,
             feed_soon=feed_soon, is_open=is_open, dial=dial,
             deferral_rules=settings.fair.deferral_rules,
         )  # fmt: skip
-        cached = fair.destination.memo
-        fair.hello_name = mx.source.ehlo if mx.source is not None else None
+        cached = borrowing.destination.memo
+        borrowing.hello_name = mx.source.ehlo if mx.source is not None else None
     reused = mx.take_pooled(peer[0]) if refusal is None and destinations is None else None
     relay = Relay(
         config=services.relay_config,
@@ -113,19 +113,19 @@ def open_session(
         refusal=refusal,
         reused=reused,
         may_release=services.pool is not None,
-        borrowed=fair is not None,
+        borrowed=borrowing is not None,
         cached=cached,
         client_tls=services.client_tls_context is not None,
         now=loop.time(),  # the relay's clock is monotonic; its records, wall time
         wall=now - loop.time(),
     )
-    return Opened(mx, relay, client_ip, fair, sources)
+    return Opened(mx, relay, client_ip, borrowing, sources)
 
 
 def choose_source(
     services: OpeningServices,
     mx: MxLeg,
-    fair: Borrowing,
+    borrowing: Borrowing,
     client_ip: str,
     sender: str,
     recipient: str,
@@ -137,12 +137,12 @@ def choose_source(
     host, port = mx.destination
     mx_ip = plain_host(host)
     source = services.sources.choose(
-        tenant=fair.tenant, client_ip=client_ip, mx_ip=mx_ip, now=time.time(),
+        tenant=borrowing.tenant, client_ip=client_ip, mx_ip=mx_ip, now=time.time(),
         sender=sender or None, recipient=recipient or None, current=current,
     )  # fmt: skip
     mx.source = source
-    fair.hello_name = source.ehlo if source is not None else None
+    borrowing.hello_name = source.ehlo if source is not None else None
     new_ip = source.address if source is not None else None
     destinations = services.destinations
     if new_ip != current and destinations is not None:
-        fair.move(destinations.get((new_ip or "", mx_ip, port)))
+        borrowing.move(destinations.get((new_ip or "", mx_ip, port)))

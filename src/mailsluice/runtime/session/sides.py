@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from mailsluice.runtime.net.dialer import host_port
+
 __all__ = ["SessionEvents", "Side", "format_address"]
 
 
@@ -26,8 +28,8 @@ class SessionEvents(Protocol):
 
 
 def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    """A socket's address (``peername``, ``sockname``) as ``host_port`` writes it."""
+    return host_port(address[0], address[1])
 
 
 class Side(asyncio.Protocol):
