@@ -101,14 +101,18 @@ class ConnectionHandler:
         self._lingering: LingeringClose | None = None  # a closed client, drained before close
         self._jobs = Jobs(self._loop)
         self._filters: FilterDriver | None = None  # filter mode only (``_driver``)
+        # what the opening's callbacks read, before it runs (``_mx_side`` when the pool
+        # gives a connection at once, ``_feed`` when a dial fails)
+        self.relay: Relay | None = None
+        self._borrowing: Borrowing | None = None  # fair sharing: its place in the line
         opened = open_session(
             services, client, feed=self._feed, feed_soon=self._feed_soon,
             is_open=self._relay_open, dial=self._dial, mx_side=self._mx_side,
         )  # fmt: skip
         self.mx: MxLeg = opened.mx
-        self.relay: Relay | None = opened.relay
+        self.relay = opened.relay
+        self._borrowing = opened.borrowing
         self._peer = opened.client_ip  # the client's address
-        self._borrowing: Borrowing | None = opened.borrowing  # fair sharing: its place in line
         self._sources: SourceFeedback | None = opened.sources  # what the MX says counts
 
     @property
