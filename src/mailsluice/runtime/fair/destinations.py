@@ -12,8 +12,8 @@ module is the shell around those pure pieces:
   (a QUIT, the MX, a reset, our idle timer) calls ``Destination.lost`` once, and only
   then is its slot free again, so the MX never sees more than the limit;
 * idle connections wait here, per tenant, watched (a byte or a close from the MX drops
-  one) and closed politely (QUIT, then the MX's own close) when idle too long, when
-  another tenant needs the room (``Reclaim``), or at shutdown;
+  one) and closed politely (QUIT, then the MX's own close: ``watch``) when idle too
+  long, when another tenant needs the room (``Reclaim``), or at shutdown;
 * the greeting and EHLO reply the destination last gave (``memo``) greet the next
   sessions, so a session needs no connection until its first transaction;
 * what the sessions learn of it goes to the scheduler: a transaction accepted, a
@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from mailsluice.policy.deferrals import Rule, classify
 from mailsluice.policy.destrules import DestinationRule, domain_rule, recipient_domain
@@ -39,6 +40,7 @@ from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay.actions import UpstreamState
 from mailsluice.runtime import errors
 from mailsluice.runtime.fair.names import HostNames
+from mailsluice.runtime.fair.watch import QUIT_WAIT, Closing, Watch
 from mailsluice.scheduling.scheduler import (
     Close,
     Declined,
@@ -63,7 +65,6 @@ def scheduler_notice(warning: bool, text: str, /, *args: object) -> None:
     _scheduler_log.log(logging.WARNING if warning else logging.INFO, text, *args)
 
 
-_QUIT_WAIT = 2.0  # seconds an idle connection's MX has to close after our QUIT
 _DOMAINS_TOLD = 32  # recipient domains told per destination, at most
 
 
@@ -107,48 +108,6 @@ class _Waiter:
     granted: Granted
     failed: Callable[[], None] | None = None
     declined: Callable[[str], None] | None = None
-
-
-class _Watch(asyncio.Protocol):
-    """Owns an idle connection: whatever the MX does now ends it."""
-
-    def __init__(self, destination: Destination, entry: Idle) -> None:
-        self._destination, self._entry = destination, entry
-
-    def data_received(self, data: bytes) -> None:
-        self._destination.drop_idle(self._entry, say_quit=False)
-
-    def eof_received(self) -> bool:
-        self._destination.drop_idle(self._entry, say_quit=False)
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._destination.drop_idle(self._entry, say_quit=False)
-
-
-class _Closing(asyncio.Protocol):
-    """A connection we said QUIT to: its slot frees when the MX has closed its end."""
-
-    def __init__(self, done: Callable[[], None]) -> None:
-        self._done: Callable[[], None] | None = done
-        self.transport: asyncio.Transport | None = None
-
-    def finish(self) -> None:
-        done, self._done = self._done, None
-        if self.transport is not None:
-            self.transport.abort()
-        if done is not None:
-            done()
-
-    def data_received(self, data: bytes) -> None:
-        """Its 221 (or anything): the close that follows is what counts."""
-
-    def eof_received(self) -> bool:
-        self.finish()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.finish()
 
 
 class Destination:
@@ -213,7 +172,7 @@ class Destination:
             owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=False)
             self._close_politely(entry.hold, entry.transport, entry.outbound, say_quit=True)
             return
-        transport.set_protocol(_Watch(self, entry))
+        transport.set_protocol(Watch(partial(self.drop_idle, entry, say_quit=False)))
         entry.idle_since = now
         hold.state = "idle"
         self._idle[hold.conn] = entry
@@ -262,7 +221,7 @@ class Destination:
         """QUIT (or our end of stream, ``half``), then wait (briefly) for the MX to close:
         only then is the slot free."""
         self._owner.forget_outbound(outbound)
-        closing = _Closing(lambda: self.lost(hold))
+        closing = Closing(lambda: self.lost(hold))
         if transport.is_closing():
             closing.finish()
             return
@@ -274,7 +233,7 @@ class Destination:
             transport.write_eof()
         elif not say_quit:
             errors.close(transport)
-        self._owner.loop.call_later(_QUIT_WAIT, closing.finish)
+        self._owner.loop.call_later(QUIT_WAIT, closing.finish)
 
     # ------------------------------------------------------------------ what the MX says
     def accepted(self) -> None:
