@@ -3,6 +3,7 @@ the file name and the ``_smtp._tls`` record."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -186,3 +187,16 @@ def test_the_record_parser_raises_only_its_own_error(text: str) -> None:
                 min_size=1, max_size=3))  # fmt: skip
 def test_valid_records_round_trip(uris: list[str]) -> None:
     assert parse_tlsrpt_record(f"v=TLSRPTv1; rua={','.join(uris)}").rua == tuple(uris)
+
+
+@given(st.floats(min_value=-4e9, max_value=1e11, allow_nan=False))
+def test_day_of_is_the_utc_date_of_the_time(timestamp: float) -> None:
+    # day_of keeps the day's name by its number (issue 25): the same day as datetime says
+    expected = dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d")
+    assert day_of(timestamp) == expected
+
+
+def test_day_of_at_the_edges_of_a_day() -> None:
+    assert [day_of(t) for t in (-0.5, -1e-30, 0.0, 86_399.999, 86_399.9999999, 86_400.0)] == [
+        "1969-12-31", "1970-01-01", "1970-01-01", "1970-01-01", "1970-01-02", "1970-01-02",
+    ]  # fmt: skip

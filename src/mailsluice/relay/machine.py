@@ -82,6 +82,7 @@ class Relay:
         session_id: str,
         client: str,
         destination: str,
+        now: float,  # before the defaults: mypyc's signature text needs it (keyword-only)
         source_ip: str | None = None,
         tls_allowed: bool = True,
         tls_required: bool = False,
@@ -91,7 +92,6 @@ class Relay:
         borrowed: bool = False,
         cached: act.UpstreamState | None = None,
         client_tls: bool = False,
-        now: float,
         wall: float = 0.0,
     ) -> None:
         """``now`` and every later one: a monotonic clock (intervals, deadlines); ``wall``:

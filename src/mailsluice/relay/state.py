@@ -227,6 +227,24 @@ class Slot:
     direction: Direction = Direction.SERVER_TO_CLIENT  # how it is logged when sent
     close: CloseReason | None = None  # the session ends once it is sent, for this reason
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        kind: Owed,
+        barrier: bool = False,
+        command: Command | None = None,
+        reply: Reply | None = None,
+        direction: Direction = Direction.SERVER_TO_CLIENT,
+        close: CloseReason | None = None,
+    ) -> None:
+        self.kind = kind
+        self.barrier = barrier
+        self.command = command
+        self.reply = reply
+        self.direction = direction
+        self.close = close
+
 
 @dataclass(slots=True)
 class Sent:
@@ -238,6 +256,22 @@ class Sent:
     command: Command | None = None  # ours in a late set-up: the EHLO/HELO to repeat
     fallback: Reply | None = None  # STARTTLS: the plaintext EHLO reply, if it is refused
     timeout: float | None = None  # seconds the MX has to answer (the relay works it out)
+
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        what: Await,
+        slot: Slot | None = None,
+        command: Command | None = None,
+        fallback: Reply | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.what = what
+        self.slot = slot
+        self.command = command
+        self.fallback = fallback
+        self.timeout = timeout
 
 
 @dataclass(slots=True)

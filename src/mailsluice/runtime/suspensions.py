@@ -241,7 +241,9 @@ class Suspensions:
         return sorted((s for s in self._all.values() if s.until > now), key=lambda s: s.until)
 
     def find(self, kind: Kind, matches: Callable[[str], bool]) -> Suspension | None:
-        if not self._all and self._path is None:
+        if self._path is not None:
+            self._fresh()  # (at most every RECHECK seconds: a stat of the file)
+        if not self._all:  # none: the usual case, asked once per connection
             return None
         for suspension in self.active():
             if suspension.kind == kind and matches(suspension.name):

@@ -44,6 +44,24 @@ class Command:
     params: tuple[tuple[str, bytes | None], ...] = ()  # ESMTP parameters, keyword upper case
     violations: tuple[str, ...] = ()  # tolerated RFC violations, for the log
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        verb: str,
+        line: bytes,
+        argument: bytes,
+        address: bytes | None = None,
+        params: tuple[tuple[str, bytes | None], ...] = (),
+        violations: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "verb", verb)
+        object.__setattr__(self, "line", line)
+        object.__setattr__(self, "argument", argument)
+        object.__setattr__(self, "address", address)
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "violations", violations)
+
     @property
     def wire(self) -> bytes:
         """The canonical bytes to send upstream: the validated line and CRLF."""

@@ -16,6 +16,12 @@ class Line:
     content: bytes  # without the terminator
     bare_lf: bool  # ended with LF alone, not CRLF
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(self, content: bytes, bare_lf: bool) -> None:
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "bare_lf", bare_lf)
+
 
 @dataclass(frozen=True, slots=True)
 class LineTooLong:

@@ -27,6 +27,12 @@ class Reply:
     code: int
     lines: tuple[bytes, ...]  # text of each line, without code, separator or CRLF
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(self, code: int, lines: tuple[bytes, ...]) -> None:
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "lines", lines)
+
     @classmethod
     def make(cls, code: int, status: str | None, *lines: str) -> Reply:
         """A reply of our own; ``status`` is the RFC 3463 enhanced code, put on each line."""

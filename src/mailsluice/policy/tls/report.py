@@ -11,6 +11,7 @@ at a time (``add``) or as stored rows (``add_row``), gives its rows back for sto
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -233,7 +234,16 @@ def _policy_entry(key: PolicyKey, counts: _Counts) -> dict[str, Any]:
 
 def day_of(timestamp: float) -> str:
     """The UTC day (YYYY-MM-DD) of a time in seconds since the epoch."""
+    number = int(timestamp // 86_400)  # POSIX time: every UTC day is 86,400 s
+    if timestamp - number * 86_400 < 86_399.999:
+        return _day_name(number)
+    # the day's last millisecond: datetime rounds to the microsecond, maybe to the next day
     return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d")
+
+
+@functools.lru_cache(maxsize=4)  # asked once per counted session: the same day all day
+def _day_name(number: int) -> str:
+    return dt.datetime.fromtimestamp(number * 86_400, dt.UTC).strftime("%Y-%m-%d")
 
 
 def day_bounds(day: str) -> tuple[int, int]:

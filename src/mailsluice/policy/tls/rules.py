@@ -26,6 +26,8 @@ def rule_for(
 ) -> TlsPolicyRule | None:
     """The first rule that matches the recipient ``domain``, the MX host name ``mx_host``
     (None: unknown) or the MX address ``mx_ip``; None when no rule does."""
+    if not rules:  # the usual case: no address to parse (once per connection otherwise)
+        return None
     ip = parse_ip(mx_ip)
     for rule in rules:
         if rule_matches(rule, domain, mx_host, ip):

@@ -44,6 +44,7 @@ class TlsRptCounter:
         self._policies = policies
         self._checked = checked
         self._open: dict[str, tuple[str, str]] = {}  # session -> (MX address, source)
+        self._defaults: dict[str, Policy] = {}  # domain -> its "no policy" (``_default``)
 
     def tee(self, submit: Callable[[Record], None]) -> Callable[[Record], None]:
         """``submit``, and each record counted."""
@@ -66,13 +67,21 @@ class TlsRptCounter:
             if where is not None and not self._checked:
                 domains = {recipient_domain(a.encode()) for a in record.accepted_rcpt_to}
                 for domain in sorted(d for d in domains if d):
-                    self._count(Policy(domain, Level.MAY, Source.DEFAULT), _SUCCESS, where,
-                                record.ended_at)  # fmt: skip
+                    self._count(self._default(domain), _SUCCESS, where, record.ended_at)
         elif isinstance(record, SessionClosed):
             where = self._open.pop(record.session_id, None)
             if where is not None and record.reason == "tls-required":
                 for policy in self._policies.required_policies(where[0]):
                     self._count(policy, _NO_STARTTLS, where, record.at)
+
+    def _default(self, domain: str) -> Policy:
+        """The "no policy" of a domain, made once (recipients' domains repeat)."""
+        policy = self._defaults.get(domain)
+        if policy is None:
+            if len(self._defaults) >= MAX_SESSIONS:
+                self._defaults.clear()
+            policy = self._defaults[domain] = Policy(domain, Level.MAY, Source.DEFAULT)
+        return policy
 
     def _count(self, policy: Policy, verdict: Verdict, where: tuple[str, str], at: float) -> None:
         mx_ip, source = where
