@@ -37,11 +37,24 @@ def find_program(name: str) -> str | None:
     return None
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+_handed_out: set[int] = set()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that was free a moment ago, and never one this process was
+    given before: two servers started one after the other never get the same port, even
+    while the first has not bound its own yet. (Parallel test workers are processes of
+    their own: the kernel picks their ports at random from its ephemeral range.) The one
+    helper for this, in the lab and in the tests."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise LabError(f"no free TCP port on {host} that this process was not given already")
 
 
 def log_tail(path: Path, limit: int = 600) -> str:
