@@ -1,8 +1,11 @@
 """Process plumbing for the benchmarks (Linux only).
 
 Free loopback ports, SMTP readiness probes, child processes that are always
-stopped and reaped (even on Ctrl-C), and per-process CPU time and peak memory
-read from /proc. Nothing here talks to any address other than 127.0.0.1.
+stopped and reaped (even on Ctrl-C), and per-process CPU time and memory read from /proc:
+``sample`` (one process: CPU, resident memory and its peak, descriptors), the process tree
+and its CPU and peak memory. The one place the tests and the benchmarks read them (the
+bench scenarios' time series, ``bench.scenarios.procstat``, adds disk I/O and private
+memory). Nothing here talks to any address other than 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -228,6 +232,41 @@ def _status_kib(pid: int, key: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSample:
+    """One reading of a process: its own CPU time (user + system, not its children's),
+    resident memory and its peak, open descriptors (sockets among them)."""
+
+    cpu_seconds: float
+    rss_kib: int
+    hwm_kib: int
+    fds: int
+    sockets: int
+
+    @property
+    def rss_mib(self) -> float:
+        return round(self.rss_kib / 1024, 1)
+
+
+def sample(pid: int) -> ProcSample:
+    """Read /proc/PID now (``OSError`` if the process is gone)."""
+    fields = _stat_after_comm(pid)
+    rss, hwm = _status_kib(pid, "VmRSS"), _status_kib(pid, "VmHWM")
+    if fields is None or rss is None or hwm is None:
+        raise ProcessLookupError(f"process {pid} is gone (nothing in /proc/{pid})")
+    targets = []
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed between listing and reading
+            targets.append(os.readlink(entry))
+    return ProcSample(
+        cpu_seconds=(int(fields[11]) + int(fields[12])) / _CLK_TCK,  # utime, stime
+        rss_kib=rss,
+        hwm_kib=hwm,
+        fds=len(targets),
+        sockets=sum(t.startswith("socket:") for t in targets),
+    )
 
 
 def peak_rss_kib(pid: int) -> int | None:
