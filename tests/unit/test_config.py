@@ -1,4 +1,5 @@
-"""Configuration: defaults, the TOML file, flags over the file, and clear errors."""
+"""Configuration: defaults, the keys read from TOML text, flags, and clear errors (files:
+``tests/integration/test_config_file.py``)."""
 
 from __future__ import annotations
 
@@ -18,30 +19,6 @@ from mailsluice.settings.config import (
 )
 
 pytestmark = pytest.mark.unit
-
-FULL = """
-listen = "0.0.0.0:2525"
-upstream = "10.1.2.3:25"
-outbound_ip = "192.0.2.10"
-allow = ["10.0.0.0/8"]
-log = "jsonl:/tmp/x.jsonl"
-message_size_limit = 5000
-max_recipients = 50
-max_connections = 10
-max_connections_per_client = 4
-workers = 2
-bare_newline = "normalize"
-tls = "off"
-hostname = "gw.example"
-log_headers = true
-xverp = false
-shutdown_grace = 5
-verbose = true
-
-[timeouts]
-connect = 3
-data_done = 60.5
-"""
 
 
 def test_defaults_are_the_documented_ones() -> None:

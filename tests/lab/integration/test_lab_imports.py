@@ -1,6 +1,7 @@
 """The lab's import contract: no cycle among its modules, and only the product's public
 modules imported (never the runtime's internals; its micro benchmarks, ``perf``, aside); the
-fake peers import nothing of the product at all. Every import counts: at the top, inside a function, under TYPE_CHECKING.
+fake peers import nothing of the product at all. Every import counts: at the top, inside a
+function, under TYPE_CHECKING.
 """
 
 from __future__ import annotations
