@@ -180,7 +180,7 @@ def _install(base: Path, as_root: bool) -> None:
     installer = find_program("mariadb-install-db", "mysql_install_db")
     assert installer is not None
     command = [
-        installer, "--no-defaults", f"--datadir={base / 'data'}",
+        installer, "--no-defaults", f"--datadir={base / 'data'}", f"--tmpdir={base}",
         "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
         *_TUNING, *(["--user=root"] if as_root else []),
     ]  # fmt: skip
