@@ -1,8 +1,8 @@
 """Shared fixtures: the test PKI and TLS contexts; hypothesis profiles.
 
 Hypothesis profiles, chosen with the environment variable ``HYPOTHESIS_PROFILE``: ``dev``
-(the default: 40 examples a property, so the unit tier answers in seconds while you
-work), ``ci`` (200 examples; ``scripts/test``, what CI runs) and ``deep`` (20,000, for a
+(the default: 10 examples a property, so the unit tier answers in seconds while you
+work), ``ci`` (more examples; ``scripts/test``, what CI runs) and ``deep`` (20,000, for a
 long hunt). A failure found once is replayed first on the next run (the example
 database in ``.hypothesis/``), whatever the profile.
 """
@@ -22,7 +22,7 @@ from hypothesis import settings
 from mailsluice.settings.logplace import DEFAULT_LOG_DIR
 from tests.support import certs
 
-settings.register_profile("dev", max_examples=40, deadline=None)
+settings.register_profile("dev", max_examples=10, deadline=None)
 settings.register_profile("ci", max_examples=200, deadline=None)
 settings.register_profile("deep", max_examples=20_000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

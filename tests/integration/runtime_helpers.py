@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,12 +9,6 @@ from typing import Any
 from mailsluice.settings.config import HostPort, Settings
 
 LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def runtime_settings(upstream: tuple[str, int] | None, tmp_path: Path, **top: Any) -> Settings:

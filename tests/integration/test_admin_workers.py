@@ -14,10 +14,11 @@ import pytest
 from tests.integration.admin_helpers import TOKEN, call
 from tests.integration.proxy_helpers import outcome
 from tests.integration.test_admin_origin import araw
-from tests.integration.test_serve_workers import _free_port, _serve, _wait_for_workers
+from tests.integration.test_serve_workers import _serve, _wait_for_workers
 
 from mailsluice_lab.peers.client import RawSMTPClient
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -49,14 +50,14 @@ async def _until(port: int, path: str, done: Any, timeout: float = 10.0) -> Any:
 async def test_sessions_abort_and_suspensions_across_workers(tmp_path: Path, fair: bool) -> None:
     token = tmp_path / "admin.token"
     token.write_text(TOKEN)
-    admin = _free_port()
+    admin = free_port()
     config = tmp_path / "mailsluice.toml"
     config.write_text(
         f'admin_listen = "127.0.0.1:{admin}"\nadmin_token_file = "{token}"\n'
         + ("" if fair else "[fair_sharing]\nenabled = false\n")
     )
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{port}",
             "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{tmp_path / 's.db'}",

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from mailsluice.cli.main import main
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -111,9 +112,7 @@ def test_the_file_is_given_once(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def _serve(tmp_path: Path, *args: str) -> tuple[int | None, str]:
     """Run ``mailsluice serve ARGS``: its exit status and output, or (None, output) once
     it listens (then it is stopped)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"127.0.0.1:{port}", *args]
     out = tmp_path / "serve.out"
     with out.open("wb") as sink:

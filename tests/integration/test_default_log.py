@@ -13,7 +13,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from mailsluice.settings.logplace import (
     fallback_dirs,
 )
 from mailsluice_lab.netns.processes import python_for_user
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -155,9 +155,7 @@ def test_serve_without_log_as_an_ordinary_user(
                  "--clear-groups", "--", *probe]  # fmt: skip
     if subprocess.run(probe, check=False).returncode == 0:
         pytest.skip(f"{DEFAULT_LOG_DIR} is writable for this user: no fallback to see")
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     argv, env = _command(ordinary_user, "serve", "--listen", f"127.0.0.1:{port}",
                          "--upstream", "127.0.0.1:9")  # fmt: skip
     env = {**os.environ, **env, "XDG_STATE_HOME": str(workdir / "state")}

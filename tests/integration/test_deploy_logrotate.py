@@ -19,7 +19,6 @@ import pwd
 import shutil
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
 import threading
@@ -29,17 +28,12 @@ import pytest
 
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "logrotate" / "mailsluice"
 ROTATIONS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _private_config(tmp_path: Path, logs: Path) -> Path:
@@ -109,7 +103,7 @@ async def test_logrotate_while_the_proxy_writes_loses_nothing(tmp_path: Path) ->
     state = tmp_path / "logrotate.state"
     log = logs / "sessions.jsonl"
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         command = [
             sys.executable, "-m", "mailsluice", "serve", "--workers", "2",
             "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",

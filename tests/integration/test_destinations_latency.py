@@ -14,7 +14,6 @@ import asyncio
 import json
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from tests.integration.conftest import ProxyFactory
 from tests.integration.fair_helpers import fair
 
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -48,12 +48,6 @@ async def test_a_first_contacts_connection_is_measured(
     assert isinstance(latency, dict)
     assert latency["greeting"]["count"] == 1, latency
     assert latency["to_354"]["count"] == 1, latency
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serve(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -81,7 +75,7 @@ def _latencies(log: str) -> dict[str, object]:
 async def test_two_workers_show_latencies(tmp_path: Path) -> None:
     log = f"sqlite:{tmp_path}/sessions.db"
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve([sys.executable, "-m", "mailsluice", "serve", "--workers", "2",
                        "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",
                        "--log", log])  # fmt: skip

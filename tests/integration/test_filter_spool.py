@@ -5,13 +5,22 @@ from __future__ import annotations
 import io
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mailsluice.filtering.api import ClientInfo, Envelope
+from mailsluice.filtering.api import (
+    AddHeader,
+    ClientInfo,
+    EditHeaders,
+    Envelope,
+    FilterMessage,
+    Verdict,
+)
+from mailsluice.filtering.chain import DEFAULT_FAILURE, FilterChain
 from mailsluice.filtering.spool import MessageSpool
 
 pytestmark = pytest.mark.integration
@@ -20,6 +29,21 @@ CLIENT = ClientInfo(
     session_id="s1", client_ip="127.0.0.1", client_port=2525, destination="127.0.0.2:25", helo="x"
 )
 ENVELOPE = Envelope(mail_from="a@example.com", rcpt_to=("b@example.com",))
+RAW = b"Subject: hello\r\nTo: b@example.com\r\n\r\nbody line\r\n.dot line\r\n"
+TIMEOUT = 5.0
+
+
+@dataclass
+class AddsX:
+    """A filter that adds ``X: 1``, after reading the message or (``read=False``) blindly."""
+
+    read: bool = True
+    name: str = "e"
+
+    async def filter(self, message: FilterMessage) -> Verdict:
+        if self.read:
+            message.raw()
+        return EditHeaders(add=(AddHeader("X", "1"),))
 
 
 def open_files_in(directory: Path) -> list[str]:
@@ -193,3 +217,25 @@ def test_spool_keeps_exactly_what_was_written(
         assert message.size == len(total)
         with message.open() as fh:
             assert fh.read() == total
+
+
+async def test_spooled_message_is_edited(tmp_path: Path) -> None:
+    body = b"x" * 5000 + b"\r\n"
+    with MessageSpool(memory_limit=100, size_limit=0, directory=tmp_path) as spool:
+        spool.write(b"Subject: big\r\n\r\n")
+        spool.write(body)
+        assert spool.on_disk
+        chain = FilterChain([AddsX()], timeout=TIMEOUT)
+        outcome = await chain.run(spool.as_filter_message(CLIENT, ENVELOPE))
+    assert outcome.message == b"Subject: big\r\nX: 1\r\n\r\n" + body
+
+
+async def test_unreadable_spool_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    spool = MessageSpool(memory_limit=1, size_limit=0, directory=tmp_path)
+    spool.write(RAW)
+    spooled = spool.as_filter_message(CLIENT, ENVELOPE)
+    spool.close()  # e.g. the session was torn down under us
+    blind = AddsX(read=False)
+    outcome = await FilterChain([blind], timeout=TIMEOUT).run(spooled)
+    assert outcome.reply == DEFAULT_FAILURE
+    assert [run.result for run in outcome.runs] == ["invalid"]

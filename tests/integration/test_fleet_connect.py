@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.fleet_sim import KEY, SimGateway, SimMx
 from tests.support.redis_server import RedisServer, redis_server_binary
 
 from mailsluice.runtime.fleet.link import FleetLink
+from mailsluice_lab.perf.fleet_sim import KEY, SimGateway, SimMx
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -47,19 +48,13 @@ async def test_a_password_in_the_url_or_a_file(tmp_path: Path) -> None:
         server.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_the_master_found_through_sentinel(tmp_path: Path) -> None:
     sentinel_bin = shutil.which("redis-sentinel")
     if sentinel_bin is None:
         pytest.skip("redis-sentinel is not installed (scripts/bootstrap installs it)")
     server = RedisServer(tmp_path / "redis")
     server.start()
-    port = _free_port()
+    port = free_port()
     conf = tmp_path / "sentinel.conf"
     conf.write_text(
         f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nprotected-mode no\n"

@@ -1,6 +1,6 @@
 """Two gateways' schedulers sharing one destination through a real redis-server.
 
-The workers are simulated (``tests.support.fleet_sim``); the schedulers, the Lua and the
+The workers are simulated (``mailsluice_lab.perf.fleet_sim``); the schedulers, the Lua and the
 link are the product's. The simulated MX counts the fleet's connections at every dial.
 """
 
@@ -11,12 +11,12 @@ import time
 from ipaddress import ip_network
 
 import pytest
-from tests.support.fleet_sim import SimGateway, SimMx
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
 from mailsluice.policy.destrules import DestinationRule
 from mailsluice.policy.learned import LimitRules
 from mailsluice.runtime.fleet.scheduler import LEASE_TTL
+from mailsluice_lab.perf.fleet_sim import SimGateway, SimMx
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -12,7 +12,6 @@ import asyncio
 import json
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (
 
 from mailsluice.sessionlog import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -32,12 +32,6 @@ def _send(port: int, n: int) -> None:
     for i in range(n):
         with smtplib.SMTP("127.0.0.1", port, local_hostname="msa.test", timeout=10) as smtp:
             smtp.sendmail("a@example.net", ["b@example.org"], f"Subject: {i}\r\n\r\nhi\r\n")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _fleet_view(log: str) -> dict[str, object]:
@@ -65,7 +59,7 @@ async def test_serve_shares_its_state(
     config = tmp_path / "mailsluice.toml"
     config.write_text(f'shared_state = "{redis_server.url}"\ngateway_name = "gw-test"\n')
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(  # noqa: ASYNC220 (waited for with to_thread below)
             [sys.executable, "-m", "mailsluice", "serve", "--workers", str(workers),
              "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from mailsluice.sessionlog.mysql import reader as my_reader
 from mailsluice.sessionlog.mysql.schema import SCHEMA_VERSION
 from mailsluice.sessionlog.mysql.writer import MysqlBackend
 from mailsluice.sessionlog.sqlite.writer import SqliteBackend
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -256,9 +256,7 @@ def test_startup_errors_name_the_url_and_the_fix(
 
 
 def test_nothing_listening_is_reported_with_the_fix() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     url = f"mysql://mailsluice:hunter2@127.0.0.1:{port}/maillog"
     with pytest.raises(SessionLogError) as info:
         MysqlBackend(url, connect_timeout=5)

@@ -25,6 +25,7 @@ from mailsluice.sessionlog.pipe import URL_VARIABLE
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import process_tree
 
 pytestmark = pytest.mark.integration
 
@@ -32,20 +33,6 @@ mariadb_server = mariadb_support.mariadb_server
 mariadb_database = mariadb_support.mariadb_database
 
 PASSWORD = "Sink-Pw-4711"
-
-
-def _children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rpartition(")")[2].split()[1]) == pid:
-            found.append(int(entry))
-    return found
 
 
 def _sink_url(server: MariaDbServer, database_url: str) -> str:
@@ -76,7 +63,7 @@ async def test_sessions_and_transcripts_from_mariadb_equal_sqlite_s(
         ScriptedMX(tls=server_ssl_context, reject_rcpt="^nobody@") as mx,
         proxy_factory(mx.address, settings=settings) as proxy,
     ):
-        children = _children_of(os.getpid())
+        children = process_tree(os.getpid())[1:]  # (children and theirs)
         for sender, rcpts in [
             ("s@client.test", ["one@mx.test", "two@mx.test"]),
             ("", ["nobody@mx.test"]),

@@ -19,6 +19,7 @@ from mailsluice.sessionlog.postgres import reader as pg_reader
 from mailsluice.sessionlog.postgres.schema import SCHEMA_VERSION
 from mailsluice.sessionlog.postgres.writer import PostgresBackend
 from mailsluice.sessionlog.sqlite.writer import SqliteBackend
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -250,11 +251,8 @@ def test_startup_errors_name_the_url_and_the_fix(
 
 
 def test_nothing_listening_is_reported_with_the_fix() -> None:
-    import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     dsn = f"postgresql://mailsluice:hunter2@127.0.0.1:{port}/maillog"
     with pytest.raises(SessionLogError) as info:
         PostgresBackend(dsn, connect_timeout=5)

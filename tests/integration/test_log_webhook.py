@@ -19,6 +19,7 @@ from mailsluice.relay.records import Record, SessionClosed, SessionOpened, Trans
 from mailsluice.sessionlog import LogWriter
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.webhook import WebhookBackend, WebhookError
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -297,9 +298,7 @@ def test_times_out_on_an_endpoint_that_never_answers() -> None:
 
 
 def test_a_dead_endpoint_stops_the_rest_of_the_batch() -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     fake = FakeTime()
     sink = backend(f"http://127.0.0.1:{port}/hook", fake, retries=2, max_posts=5)
     events: list[Record] = [txn("s", "rejected", 550, "no", seq) for seq in (1, 2, 3)]

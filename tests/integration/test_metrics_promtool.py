@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.test_metrics import TOKEN, _get, samples, value
-from tests.integration.test_serve_workers import _free_port, _serve, _wait_for_workers
+from tests.integration.test_serve_workers import _serve, _wait_for_workers
 
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -68,11 +69,11 @@ async def scrape_serve(tmp_path: Path, workers: int) -> str:
     """The text of ``/metrics`` once the traffic is counted."""
     token = tmp_path / "admin.token"
     token.write_text(TOKEN)
-    admin = _free_port()
+    admin = free_port()
     config = tmp_path / "mailsluice.toml"
     config.write_text(CONFIG.format(admin=admin, token=token))
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--config", str(config), "--workers", str(workers), "--listen",
             f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",

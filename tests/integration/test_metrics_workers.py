@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 from tests.integration.test_metrics import TOKEN, _get, samples, value
-from tests.integration.test_serve_workers import _free_port, _serve, _wait_for_workers
+from tests.integration.test_serve_workers import _serve, _wait_for_workers
 
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +59,7 @@ async def test_one_scrape_sums_both_workers(tmp_path: Path, fair: bool) -> None:
     log = tmp_path / "sessions.db"
     token = tmp_path / "admin.token"
     token.write_text(TOKEN)
-    admin = _free_port()
+    admin = free_port()
     config = tmp_path / "mailsluice.toml"
     config.write_text(
         f'admin_listen = "127.0.0.1:{admin}"\nadmin_token_file = "{token}"\n'
@@ -66,7 +67,7 @@ async def test_one_scrape_sums_both_workers(tmp_path: Path, fair: bool) -> None:
     )
     sources = [f"127.0.0.{n}" for n in range(2, 10)]
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{port}",
             "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",

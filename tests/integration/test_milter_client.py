@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.milters import free_port
 
 from mailsluice.filtering.api import (
     Accept,
@@ -47,6 +46,7 @@ from mailsluice.milter.protocol import (
     Stage,
     frame,
 )
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -1,13 +1,13 @@
-"""The shell's micro benchmark (tests/perf/session_shell_cost.py) still drives the
+"""The shell's micro benchmark (``mailsluice_lab.perf.session_shell_cost``) still drives the
 runtime as it is: a few sessions through it, every one closed at the end (it asserts
 that itself), so a change of the runtime cannot leave it broken unnoticed."""
 
 from __future__ import annotations
 
 import pytest
-from tests.perf import session_shell_cost
 
 from mailsluice.runtime.session.mxleg import MxLeg
+from mailsluice_lab.perf import session_shell_cost
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The TLS handshake micro benchmark (tests/perf/tls_handshake_cost.py) still drives
+"""The TLS handshake micro benchmark (``mailsluice_lab.perf.tls_handshake_cost``) still drives
 ``MxLeg.start_tls`` as it is: a few rounds of each mode against its MX (here on the test's
 own loop), each mode checked to resume or not as it should (it asserts that itself)."""
 
@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.perf import tls_handshake_cost as bench
-from tests.perf.bench_pki import write_pki
 
 from mailsluice.runtime.tls.contexts import ChainVerifier
+from mailsluice_lab.perf import tls_handshake_cost as bench
+from mailsluice_lab.perf.bench_pki import write_pki
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ async def test_the_tls_benchmark_measures_full_and_resumed_handshakes(
 ) -> None:
     mx_file, root = write_pki(tmp_path, "ecdsa")
     tls = bench.server_context(version, str(mx_file), str(mx_file))
-    port = bench._free_port()
+    port = free_port()
     async with asyncio.TaskGroup() as group:
         server = group.create_task(bench.serve(port, tls))
         await asyncio.sleep(0.1)

@@ -33,7 +33,7 @@ from mailsluice_lab.peers.client import ConnectionClosed, RawSMTPClient, data_bl
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 from mailsluice_lab.peers.stream import BufferedConnection
-from mailsluice_lab.processes import child, find_program, free_port, wait_smtp_ready
+from mailsluice_lab.processes import child, find_program, free_port, sample, wait_smtp_ready
 
 pytestmark = pytest.mark.integration
 
@@ -169,22 +169,13 @@ class Served:
         return self.log.read_text(errors="replace")
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sample(self.proc.pid).cpu_seconds
 
     def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
+        return sample(self.proc.pid).rss_kib
 
     def sockets(self) -> int:
-        fd_dir = Path(f"/proc/{self.proc.pid}/fd")
-        links = []
-        for entry in fd_dir.iterdir():
-            with contextlib.suppress(OSError):  # closed while we look
-                links.append(os.readlink(entry))
-        return sum(link.startswith("socket:") for link in links)
+        return sample(self.proc.pid).sockets
 
     async def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (graceful) and wait; the exit code."""

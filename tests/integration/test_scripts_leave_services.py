@@ -35,6 +35,10 @@ exit 0
 """
 
 
+#: what scripts/test gives pytest first: the parallel run (pytest-xdist, a worker a core)
+PARALLEL = "-n auto --dist loadgroup --durations=25"
+
+
 def sandbox(tmp_path: Path, *, installed: bool) -> tuple[Path, dict[str, str], Path]:
     """A copy of scripts/ and stand-ins; returns (repository copy, environment, record)."""
     repo, bin_dir, record = tmp_path / "repo", tmp_path / "bin", tmp_path / "record"
@@ -91,7 +95,7 @@ def test_the_test_script_stops_and_disables_no_service(tmp_path: Path) -> None:
                           timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert service_calls(record) == []
-    assert "python -m pytest tests/unit" in calls(record)  # coverage only on request
+    assert f"python -m pytest {PARALLEL} tests/unit" in calls(record)  # coverage only on request
 
 
 def test_the_test_script_measures_coverage_when_asked(tmp_path: Path) -> None:
@@ -101,6 +105,7 @@ def test_the_test_script_measures_coverage_when_asked(tmp_path: Path) -> None:
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "python -m pytest --cov=mailsluice --cov-report=term:skip-covered tests/unit" in (
-        calls(record)
+    assert (
+        f"python -m pytest {PARALLEL} --cov=mailsluice --cov-report=term:skip-covered tests/unit"
+        in (calls(record))
     )

@@ -14,14 +14,9 @@ import time
 import pytest
 
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _greeted(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -51,7 +46,7 @@ async def _serve_and_send(*flags: str) -> str:
     """Run ``serve FLAGS`` in front of a lab MX, relay one message, stop it: its output
     (standard output and error together, as the journal has them)."""
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"127.0.0.1:{port}",
                 "--upstream", f"{mx.host}:{mx.port}", "--log", "none:", *flags]  # fmt: skip
         proc = _serve(argv)

@@ -26,16 +26,9 @@ import pytest
 from mailsluice_lab.bench.smtptools import SourceResult, run_smtp_source, smtp_sink
 from mailsluice_lab.peers.client import RawSMTPClient
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Serve:
@@ -131,7 +124,7 @@ async def _wait_listening(port: int, serve: Serve) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_sighup_applies_the_file_to_new_sessions_only(tmp_path: Path, workers: int) -> None:
     config, log, sink = tmp_path / "mailsluice.toml", tmp_path / "s.db", tmp_path / "sink.jsonl"
-    port = _free_port()
+    port = free_port()
     async with ScriptedMX() as mx:
         upstream = f"{mx.host}:{mx.port}"
         _write(config, port, upstream, log, message_size_limit=100_000)
@@ -190,7 +183,7 @@ async def _traffic(tmp_path: Path, messages: int, reloads: int, workers: int) ->
     times: smtp-source runs in rounds until the reloads are done, so the reloads always
     happen under traffic however fast the machine is."""
     config, log = tmp_path / "mailsluice.toml", tmp_path / "s.db"
-    port = _free_port()
+    port = free_port()
     reloading = asyncio.Event()
     results: list[tuple[int, SourceResult]] = []  # (messages asked, what smtp-source did)
 
@@ -254,7 +247,7 @@ async def test_a_worker_restarted_after_a_reload_runs_the_new_settings(tmp_path:
     """The supervisor keeps the settings it checked: a worker it starts again after a
     crash runs them, not the ones the proxy started with."""
     config, log = tmp_path / "mailsluice.toml", tmp_path / "s.db"
-    port = _free_port()
+    port = free_port()
     async with ScriptedMX() as mx:
         upstream = f"{mx.host}:{mx.port}"
         _write(config, port, upstream, log, message_size_limit=100_000)

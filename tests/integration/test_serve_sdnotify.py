@@ -27,15 +27,10 @@ import pytest
 
 from mailsluice.runtime.process.sdnotify import message, notify, socket_address
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 _UCRED = struct.Struct("3i")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -98,7 +93,7 @@ async def test_ready_after_listening_and_stopping_at_sigterm(
 ) -> None:
     with _manager(abstract) as (address, manager):
         async with ScriptedMX() as mx:
-            port = _free_port()
+            port = free_port()
             command = [
                 sys.executable, "-m", "mailsluice", "serve", "--workers", str(workers),
                 "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",
@@ -182,7 +177,7 @@ async def test_a_restarted_worker_does_not_announce_again(tmp_path: Path) -> Non
     """After READY=1, a worker that dies is restarted by the supervisor: systemd hears
     nothing more until the stop (the service was ready all along)."""
     with _manager(abstract=True) as (address, manager):
-        port = _free_port()
+        port = free_port()
         command = [
             sys.executable, "-m", "mailsluice", "serve", "--workers", "2", "--no-fair-sharing",
             "--listen", f"127.0.0.1:{port}", "--upstream", "127.0.0.1:9",

@@ -24,14 +24,9 @@ import pytest
 
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_greeting(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -79,7 +74,7 @@ async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
 ) -> None:
     log = tmp_path / "sessions.db"
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         command = [sys.executable, "-m", "mailsluice", "serve", "--workers", str(workers),
                    "--listen", f"127.0.0.1:{port}", "--upstream", f"{mx.host}:{mx.port}",
                    "--log", f"sqlite:{log}"]  # fmt: skip

@@ -17,6 +17,7 @@ import pytest
 
 from mailsluice.runtime.startup import check
 from mailsluice.settings.config import settings_from_mapping
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -36,9 +37,7 @@ def _not_local(*candidates: str) -> str:
 def _serve(tmp_path: Path, *args: str) -> tuple[int | None, str]:
     """Run ``mailsluice serve ARGS``: (exit code, output) if it exits, or (None, output)
     once it says it is listening (it is then stopped)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "mailsluice", "serve", "--listen", f"127.0.0.1:{port}",
             "--log", "none:", *args]  # fmt: skip
     out = tmp_path / "serve.out"

@@ -20,14 +20,9 @@ import pytest
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_greeting(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -67,7 +62,7 @@ def _send(port: int, n: int) -> None:
 async def test_two_workers_relay_log_and_stop(tmp_path: Path) -> None:
     log = tmp_path / "sessions.db"
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--workers", "2", "--listen", f"127.0.0.1:{port}",
             "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",
@@ -102,7 +97,7 @@ async def test_two_workers_hold_one_destination_limit_for_the_host(tmp_path: Pat
     config.write_text('[[destinations]]\nmatch = "127.0.0.1"\nmax_connections = 2\n')
     sources = [f"127.0.0.{n}" for n in range(2, 10)]
     async with ScriptedMX(data_reply_delay=0.05) as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{port}",
             "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",
@@ -139,7 +134,7 @@ async def test_workers_restart_with_a_broker_that_died(tmp_path: Path) -> None:
     """Without the broker a worker cannot share fairly: it stops gracefully and is
     started again with the broker the supervisor restarted; mail flows again."""
     async with ScriptedMX() as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--workers", "2", "--listen", f"127.0.0.1:{port}",
             "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{tmp_path / 'log.db'}",
@@ -194,7 +189,7 @@ async def test_two_workers_apply_destination_and_deferral_rules_in_the_broker(
     sources = [f"127.0.0.{n}" for n in range(2, 8)]
     plan = [Fault(Phase.MAIL, Action.REPLY_4XX, data=b"451 4.7.28 slow down\r\n", connection=1)]
     async with ScriptedMX(faults=plan, data_reply_delay=0.05) as mx:
-        port = _free_port()
+        port = free_port()
         proc = _serve(
             "--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{port}",
             "--upstream", f"{mx.host}:{mx.port}", "--log", f"sqlite:{log}",

@@ -2,8 +2,9 @@
 
 ``serve`` runs ``python -m mailsluice serve --upstream`` (one worker, SQLite session log, the
 production defaults otherwise) on a given 127.0.0.1 port and waits for its greeting; it is
-stopped and reaped when the block ends, however it ends. ``ProcSample`` reads a process's
-resident memory (VmRSS, VmHWM) and open file descriptors from /proc, and ``wait_fds`` polls
+stopped and reaped when the block ends, however it ends. ``sample`` (the lab's,
+``mailsluice_lab.processes``) reads a process's resident memory (VmRSS, VmHWM) and open file
+descriptors from /proc, and ``wait_fds`` polls
 until the descriptor count settles (or reaches a target) within a deadline.
 """
 
@@ -15,7 +16,6 @@ import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from mailsluice_lab.processes import (
@@ -23,44 +23,9 @@ from mailsluice_lab.processes import (
     child,
     exit_reporter,
     process_tree,
+    sample,
     wait_smtp_ready,
 )
-
-
-@dataclass(frozen=True)
-class ProcSample:
-    """One reading of a process: resident set, its peak, open descriptors (sockets among them)."""
-
-    rss_kib: int
-    hwm_kib: int
-    fds: int
-    sockets: int
-
-    @property
-    def rss_mib(self) -> float:
-        return round(self.rss_kib / 1024, 1)
-
-
-def _status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise LookupError(f"{key} not in /proc/{pid}/status")
-
-
-def sample(pid: int) -> ProcSample:
-    """Read /proc/PID now (``OSError`` if the process is gone)."""
-    fd_dir = Path(f"/proc/{pid}/fd")
-    targets = []
-    for entry in fd_dir.iterdir():
-        with contextlib.suppress(OSError):  # closed between listing and reading
-            targets.append(str(entry.readlink()))
-    return ProcSample(
-        rss_kib=_status_kib(pid, "VmRSS"),
-        hwm_kib=_status_kib(pid, "VmHWM"),
-        fds=len(targets),
-        sockets=sum(t.startswith("socket:") for t in targets),
-    )
 
 
 async def wait_fds(pid: int, *, target: int | None = None, timeout: float = 15.0) -> int:

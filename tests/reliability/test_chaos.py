@@ -1,6 +1,6 @@
 """Chaos: a real Postfix MSA sends through mailsluice while mailsluice is SIGKILLed repeatedly.
 
-A private Postfix instance (``tests.support.postfix_msa``, fast retries) relays everything to
+A private Postfix instance (``mailsluice_lab.postfix``, fast retries) relays everything to
 ``mailsluice serve --upstream`` (a subprocess, SQLite session log), which relays to the lab's
 MX on the test's event loop (``ScriptedMX``: its ledger records each message, which it stores
 before it waits a moment and answers). Messages with
@@ -36,10 +36,10 @@ import pytest
 from tests.reliability.envsize import env_int
 from tests.reliability.proxy_process import helpers, serve
 from tests.reliability.submission import Submission, submit
-from tests.support.postfix_msa import PostfixMSA, missing
 
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.postfix import PostfixMSA, missing
 from mailsluice_lab.processes import free_port, is_alive
 
 pytestmark = [

@@ -27,9 +27,7 @@ from typing import Any
 import pytest
 from tests.reliability.envsize import env_int
 from tests.reliability.proxy_process import (
-    ProcSample,
     helpers,
-    sample,
     serve,
     session_count,
     transaction_codes,
@@ -37,7 +35,7 @@ from tests.reliability.proxy_process import (
 )
 
 from mailsluice_lab.bench.smtptools import SourceResult, run_smtp_source, smtp_sink
-from mailsluice_lab.processes import find_program, free_port
+from mailsluice_lab.processes import ProcSample, find_program, free_port, sample
 
 pytestmark = [
     pytest.mark.integration,

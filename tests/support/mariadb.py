@@ -41,6 +41,8 @@ from typing import Any
 
 import pytest
 
+from mailsluice_lab.processes import free_port
+
 _START_TIMEOUT = 60.0  # seconds to wait for the server to accept connections, or to stop
 _SBIN = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
 _TUNING = ("--innodb-log-file-size=8M", "--innodb-buffer-pool-size=32M")
@@ -53,12 +55,6 @@ def find_program(*names: str) -> str | None:
         if found:
             return found
     return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -184,7 +180,7 @@ def _install(base: Path, as_root: bool) -> None:
     installer = find_program("mariadb-install-db", "mysql_install_db")
     assert installer is not None
     command = [
-        installer, "--no-defaults", f"--datadir={base / 'data'}",
+        installer, "--no-defaults", f"--datadir={base / 'data'}", f"--tmpdir={base}",
         "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
         *_TUNING, *(["--user=root"] if as_root else []),
     ]  # fmt: skip
@@ -200,7 +196,7 @@ def _start_server(base: Path) -> MariaDbServer:
     _install(base, as_root)
     last: Exception | None = None
     for _ in range(3):  # a free port may be taken between the probe and the start
-        server = MariaDbServer(program, base, _free_port(), as_root)
+        server = MariaDbServer(program, base, free_port(), as_root)
         try:
             server.start()
         except RuntimeError as exc:

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import pytest
 
+from mailsluice_lab.processes import free_port
+
 STARTUP_TIMEOUT = 60.0  # a cold first rspamd start took 10 s on the 2-core test machine
 STOP_TIMEOUT = 10.0
 
@@ -78,13 +80,6 @@ def require_opendkim() -> str:
     if path is None:
         pytest.skip("opendkim is not installed (apt-get install opendkim opendkim-tools)")
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _closed_udp_port() -> int:

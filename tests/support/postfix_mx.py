@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
+from mailsluice_lab.postfix import PostfixMSA
 from tests.support.certs import Pki
-from tests.support.postfix_msa import PostfixMSA
 
 #: The delivery account of every mailbox (virtual(8) refuses uids below 100).
 MAILBOX_USER = "nobody"

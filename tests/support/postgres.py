@@ -27,7 +27,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from mailsluice_lab.processes import free_port
 
 _PG_ROOT = Path("/usr/lib/postgresql")
 _START_TIMEOUT = 60  # seconds pg_ctl waits for the server to come up or go down
@@ -57,12 +58,6 @@ def find_bindir() -> Path | None:
         p for p in _PG_ROOT.glob("*/bin") if (p / "initdb").is_file() and (p / "pg_ctl").is_file()
     ]
     return max(found, key=version) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -163,7 +158,7 @@ def _start_server(bindir: Path, base: Path, run_as: Sequence[str]) -> PgServer:
     (base / "data" / "pg_hba.conf").write_text(_HBA)
     last: Exception | None = None
     for _ in range(3):  # a free port may be taken between the probe and the start
-        server = PgServer(bindir, base, _free_port(), list(run_as))
+        server = PgServer(bindir, base, free_port(), list(run_as))
         try:
             server.start()
         except RuntimeError as exc:

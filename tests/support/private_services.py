@@ -100,7 +100,7 @@ def _opendkim() -> None:
 
 
 def _postfix() -> None:
-    from tests.support.postfix_msa import PostfixMSA, missing
+    from mailsluice_lab.postfix import PostfixMSA, missing
 
     reason = missing()
     if reason is not None:

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from tests.support import mx_matrix, postfix_msa
+from tests.support import mx_matrix
 from tests.support.interop import SENDER_DOMAIN, Probe, make_probe
 from tests.support.mx_matrix import Copy, Figures
-from tests.support.postfix_msa import HOLD_SUBMITTED, PostfixMSA
 from tests.system.netns import require
 
+from mailsluice_lab import postfix
 from mailsluice_lab.netns.plumbing import (
     Namespace,
     address,
@@ -42,6 +42,7 @@ from mailsluice_lab.netns.plumbing import (
 )
 from mailsluice_lab.netns.processes import Process, start_proxy
 from mailsluice_lab.netns.topologies import Gateway, gateway
+from mailsluice_lab.postfix import HOLD_SUBMITTED, PostfixMSA
 
 PROXY_PORT = 10025
 DOMAIN = "mx-matrix.example"
@@ -242,7 +243,7 @@ def probes(prefix: str, count: int, recipients: int = 1) -> list[Probe]:
 def mx_lab(path: str) -> Iterator[MxLab]:
     """The topology, and on the ``mailsluice`` path mailsluice as it runs by default."""
     require()
-    reason = postfix_msa.missing()
+    reason = postfix.missing()
     if reason is not None:
         pytest.skip(reason)
     with ExitStack() as stack:

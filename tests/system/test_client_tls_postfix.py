@@ -3,7 +3,7 @@ mailsluice: the proxy offers STARTTLS with its self-signed certificate (``encryp
 verify), the message reaches the MX, and the session log says the client leg used TLS.
 Without the client leg's TLS the same MSA defers: it never sends mail in plaintext.
 
-Loopback only: a private Postfix instance (``tests.support.postfix_msa``, root), mailsluice
+Loopback only: a private Postfix instance (``mailsluice_lab.postfix``, root), mailsluice
 in-process in front of the lab's scripted MX."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from tests.support.postfix_msa import PostfixMSA, missing
 
 from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog import list_sessions
@@ -20,6 +19,7 @@ from mailsluice.settings.config import HostPort, Settings
 from mailsluice.settings.fair import FairSettings
 from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.postfix import PostfixMSA, missing
 
 pytestmark = [
     pytest.mark.system,

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from tests.support import exim_msa, interop, postfix_msa
+from tests.support import exim_msa, interop
 from tests.support.certs import make_pki
 from tests.support.exim_msa import EximMSA
 from tests.support.interop import MX_LISTENERS, REUSE, SINGLE, Confirmation, Probe, Verdict
-from tests.support.postfix_msa import PostfixMSA
 from tests.support.postfix_mx import PostfixMX
 from tests.system.netns import require
 
+from mailsluice_lab import postfix
 from mailsluice_lab.netns.plumbing import (
     Namespace,
     address,
@@ -51,6 +51,7 @@ from mailsluice_lab.netns.plumbing import (
 )
 from mailsluice_lab.netns.processes import Process, start_proxy
 from mailsluice_lab.netns.topologies import Gateway, gateway
+from mailsluice_lab.postfix import PostfixMSA
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
@@ -146,7 +147,7 @@ MODES: dict[str, list[str]] = {
 def interop_lab(*, mode: str) -> Iterator[InteropLab]:
     """The lab, mailsluice run with the flags of ``mode`` (``MODES``)."""
     require()
-    reason = postfix_msa.missing()
+    reason = postfix.missing()
     if reason is not None:
         pytest.skip(reason)
     with ExitStack() as stack:

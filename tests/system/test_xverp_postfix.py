@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from tests.support.certs import make_pki
-from tests.support.postfix_msa import PostfixMSA, free_loopback_address, missing
 from tests.support.postfix_mx import PostfixMX
 
 from mailsluice.runtime.server import Proxy
@@ -32,6 +31,7 @@ from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.listclient import send_list
 from mailsluice_lab.peers.listoutcome import Status, verp_address
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.postfix import PostfixMSA, free_loopback_address, missing
 
 pytestmark = [
     pytest.mark.system,

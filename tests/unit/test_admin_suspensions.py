@@ -4,9 +4,7 @@ and public routes, and the pure parts of ``mailsluice ctl``/``top``."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -37,47 +35,6 @@ def test_a_suspension_names_who_until_when_and_why() -> None:
     made = Suspensions(None, clock).add("tenant", "shop", 1800, "flood")
     assert made.text() == "tenant shop suspended by the operator until 22:43:20 UTC: flood"
     assert Suspensions(None, clock).add("tenant", "x", 60, "").text().endswith("22:14:20 UTC")
-
-
-def test_it_applies_until_it_expires_or_is_resumed(tmp_path: Path) -> None:
-    clock = Clock()
-    kept = Suspensions(tmp_path / "suspensions.json", clock)
-    shop = kept.add("tenant", "shop", 60, "flood")
-    mx = kept.add("destination", "192.0.2.7:25", 120, "")
-    assert kept.refusal_text("shop", "198.51.100.1", 25) == shop.text()
-    assert kept.refusal_text("shop@3", "198.51.100.1", 25) == shop.text()  # the scheduler's key
-    assert kept.refusal_text("other", "192.0.2.7", 25) == mx.text()
-    assert kept.refusal_text("other", "192.0.2.7", 587) is None
-    assert kept.declines(("", "192.0.2.7", 25), "other") == mx.text()
-    clock.now += 61
-    assert kept.refusal_text("shop", "198.51.100.1", 25) is None  # expired
-    assert kept.remove(mx.id) == mx
-    assert kept.remove(mx.id) is None
-    assert kept.active() == []
-
-
-def test_they_survive_a_restart_and_other_processes_see_them(tmp_path: Path) -> None:
-    path = tmp_path / "state" / "suspensions.json"
-    clock = Clock()
-    writer = Suspensions(path, clock)
-    made = writer.add("source", "192.0.2.10", 300, "blocklisted")
-    reader = Suspensions(path, clock)  # a restart, or a worker
-    assert reader.active() == [made]
-    assert reader.sources() == {"192.0.2.10": made.until}
-    writer.remove(made.id)
-    reader.reload()
-    assert reader.active() == []
-    rows = json.loads(path.read_text())
-    assert rows == []
-
-
-def test_a_broken_file_applies_nothing_and_is_said(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = tmp_path / "suspensions.json"
-    path.write_text("{not json")
-    assert Suspensions(path).active() == []
-    assert "is not readable" in caplog.text
 
 
 @pytest.mark.parametrize(

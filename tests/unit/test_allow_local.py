@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-from pathlib import Path
 
 import pytest
 
-from mailsluice.cli.main import build_parser, settings_from_args
 from mailsluice.policy import access
 from mailsluice.runtime.net.localaddrs import LOOPBACK, allowed_networks
-from mailsluice.settings.config import ConfigError, Settings, load_file, settings_from_mapping
+from mailsluice.settings.config import ConfigError, Settings, settings_from_mapping
 
 pytestmark = pytest.mark.unit
 
@@ -19,14 +17,6 @@ HOST = (ipaddress.ip_network("203.0.113.10/32"), ipaddress.ip_network("2001:db8:
 
 def test_local_is_part_of_the_default() -> None:
     assert "local" in Settings().allow
-
-
-def test_local_in_the_file_and_as_a_flag(tmp_path: Path) -> None:
-    path = tmp_path / "mailsluice.toml"
-    path.write_text('allow = ["local", "10.0.0.0/8"]\n')
-    assert load_file(path).allow == ("local", ipaddress.ip_network("10.0.0.0/8"))
-    args = build_parser().parse_args(["serve", "--allow", "local"])
-    assert settings_from_args(args).allow == ("local",)
 
 
 def test_a_list_without_local_admits_only_its_networks() -> None:

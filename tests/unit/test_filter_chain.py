@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +29,6 @@ from mailsluice.filtering.chain import (
     sanitize_reject,
 )
 from mailsluice.filtering.message import header_fields, split_header
-from mailsluice.filtering.spool import MessageSpool
 
 pytestmark = pytest.mark.unit
 
@@ -178,28 +176,6 @@ async def test_edit_after_replace_edits_the_replacement() -> None:
     )
     outcome = await chain.run(message())
     assert outcome.message == b"A: 1\r\nB: 2\r\n\r\nnew body\r\n"
-
-
-async def test_spooled_message_is_edited(tmp_path: Path) -> None:
-    body = b"x" * 5000 + b"\r\n"
-    with MessageSpool(memory_limit=100, size_limit=0, directory=tmp_path) as spool:
-        spool.write(b"Subject: big\r\n\r\n")
-        spool.write(body)
-        assert spool.on_disk
-        chain = FilterChain([Fixed("e", EditHeaders(add=(AddHeader("X", "1"),)))], timeout=TIMEOUT)
-        outcome = await chain.run(spool.as_filter_message(CLIENT, ENVELOPE))
-    assert outcome.message == b"Subject: big\r\nX: 1\r\n\r\n" + body
-
-
-async def test_unreadable_spool_is_a_failure_not_a_crash(tmp_path: Path) -> None:
-    spool = MessageSpool(memory_limit=1, size_limit=0, directory=tmp_path)
-    spool.write(RAW)
-    spooled = spool.as_filter_message(CLIENT, ENVELOPE)
-    spool.close()  # e.g. the session was torn down under us
-    blind = Fixed("e", EditHeaders(add=(AddHeader("X", "1"),)), read=False)
-    outcome = await FilterChain([blind], timeout=TIMEOUT).run(spooled)
-    assert outcome.reply == DEFAULT_FAILURE
-    assert [run.result for run in outcome.runs] == ["invalid"]
 
 
 # ----------------------------------------------------------------- failures

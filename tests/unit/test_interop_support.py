@@ -8,8 +8,9 @@ import pytest
 from tests.support import interop
 from tests.support.exim_msa import EximMSA, LogEvent
 from tests.support.interop import REUSE, SINGLE, Confirmation, judge, make_probe, rows
-from tests.support.postfix_msa import PostfixMSA
 from tests.support.postfix_mx import StoredMessage, split_message
+
+from mailsluice_lab.postfix import PostfixMSA
 
 pytestmark = pytest.mark.unit
 

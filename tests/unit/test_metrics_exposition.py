@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mailsluice.policy.deferrals import default_rules
 from mailsluice.runtime.admin.collect import SchedulerCollector
-from mailsluice.runtime.admin.host import read_token
 from mailsluice.runtime.admin.multiproc import restarts_counter
 from mailsluice.runtime.metrics import Metrics
 from mailsluice.scheduling.meters import TenantWaits
@@ -166,20 +165,6 @@ def test_a_public_admin_address_without_a_token_is_refused() -> None:
         settings_from_mapping({"admin_listen": "0.0.0.0:9325"})
     settings = settings_from_mapping({"admin_listen": "[::]:9325", "admin_token_file": "/t"})
     assert settings.admin_listen == HostPort("::", 9325)
-
-
-def test_the_token_file_must_hold_one_token(tmp_path: Path) -> None:
-    path = tmp_path / "token"
-    path.write_text("abc123\n")
-    settings = Settings(admin_listen=HostPort("0.0.0.0", 1), admin_token_file=str(path))
-    assert read_token(settings) == "abc123"
-    path.write_text("\n")
-    with pytest.raises(ConfigError, match=r"admin_token_file: .* must hold one token"):
-        read_token(settings)
-    with pytest.raises(ConfigError, match="admin_token_file: cannot read"):
-        read_token(
-            Settings(admin_listen=HostPort("127.0.0.1", 1), admin_token_file=str(tmp_path / "none"))
-        )
 
 
 def test_the_scrape_has_no_created_series_and_no_empty_family() -> None:

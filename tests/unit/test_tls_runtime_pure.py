@@ -4,15 +4,12 @@ believed, and the trust anchors read from a PEM file."""
 from __future__ import annotations
 
 import ipaddress
-from pathlib import Path
 
 import pytest
-import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.runtime.tls.dns import ad_trusted
-from mailsluice.runtime.tls.policies import load_anchors
 from mailsluice.settings.tls import parse_resolver
 
 pytestmark = pytest.mark.unit
@@ -55,16 +52,6 @@ def test_the_ad_bit_is_believed_only_from_loopback(
     trust: bool, servers: list[str], believed: bool
 ) -> None:
     assert ad_trusted(trust, servers) is believed
-
-
-def test_anchors_from_a_pem_file(tmp_path: Path) -> None:
-    bundle = tmp_path / "roots.pem"
-    bundle.write_bytes(trustme.CA().cert_pem.bytes() + trustme.CA().cert_pem.bytes())
-    assert load_anchors(str(bundle)) is not None
-    empty = tmp_path / "empty.pem"
-    empty.write_text("no certificate here\n")
-    assert load_anchors(str(empty)) is None
-    assert load_anchors(str(tmp_path / "missing.pem")) is None
 
 
 @given(st.ip_addresses(), st.integers(min_value=1, max_value=65535))

@@ -1,8 +1,11 @@
 """Process plumbing for the benchmarks (Linux only).
 
 Free loopback ports, SMTP readiness probes, child processes that are always
-stopped and reaped (even on Ctrl-C), and per-process CPU time and peak memory
-read from /proc. Nothing here talks to any address other than 127.0.0.1.
+stopped and reaped (even on Ctrl-C), and per-process CPU time and memory read from /proc:
+``sample`` (one process: CPU, resident memory and its peak, descriptors), the process tree
+and its CPU and peak memory. The one place the tests and the benchmarks read them (the
+bench scenarios' time series, ``bench.scenarios.procstat``, adds disk I/O and private
+memory). Nothing here talks to any address other than 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -37,11 +41,24 @@ def find_program(name: str) -> str | None:
     return None
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+_handed_out: set[int] = set()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that was free a moment ago, and never one this process was
+    given before: two servers started one after the other never get the same port, even
+    while the first has not bound its own yet. (Parallel test workers are processes of
+    their own: the kernel picks their ports at random from its ephemeral range.) The one
+    helper for this, in the lab and in the tests."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise LabError(f"no free TCP port on {host} that this process was not given already")
 
 
 def log_tail(path: Path, limit: int = 600) -> str:
@@ -215,6 +232,41 @@ def _status_kib(pid: int, key: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSample:
+    """One reading of a process: its own CPU time (user + system, not its children's),
+    resident memory and its peak, open descriptors (sockets among them)."""
+
+    cpu_seconds: float
+    rss_kib: int
+    hwm_kib: int
+    fds: int
+    sockets: int
+
+    @property
+    def rss_mib(self) -> float:
+        return round(self.rss_kib / 1024, 1)
+
+
+def sample(pid: int) -> ProcSample:
+    """Read /proc/PID now (``OSError`` if the process is gone)."""
+    fields = _stat_after_comm(pid)
+    rss, hwm = _status_kib(pid, "VmRSS"), _status_kib(pid, "VmHWM")
+    if fields is None or rss is None or hwm is None:
+        raise ProcessLookupError(f"process {pid} is gone (nothing in /proc/{pid})")
+    targets = []
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed between listing and reading
+            targets.append(os.readlink(entry))
+    return ProcSample(
+        cpu_seconds=(int(fields[11]) + int(fields[12])) / _CLK_TCK,  # utime, stime
+        rss_kib=rss,
+        hwm_kib=hwm,
+        fds=len(targets),
+        sockets=sum(t.startswith("socket:") for t in targets),
+    )
 
 
 def peak_rss_kib(pid: int) -> int | None:

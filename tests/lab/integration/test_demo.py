@@ -25,6 +25,7 @@ from mailsluice_lab.peers.mx import ScriptedMX
 from mailsluice_lab.peers.recorders import MaildirRecorder, read_connections, read_maildir
 from mailsluice_lab.peers.run_send import split_hostport
 from mailsluice_lab.peers.sender import SendResult, send_message
+from mailsluice_lab.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -85,9 +86,7 @@ async def test_client_reports_a_refused_greeting() -> None:
 
 
 async def test_client_reports_a_connection_failure() -> None:
-    with socket.socket() as probe:  # a port with nobody listening
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port with nobody listening
     result = await send_message(
         "127.0.0.1", port, "a@x.example", ["b@y.example"], b"x\r\n", timeout=5
     )

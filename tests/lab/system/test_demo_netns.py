@@ -24,6 +24,6 @@ def test_demo_netns_relays_and_removes_its_namespaces(capsys: pytest.CaptureFixt
     assert re.search(r"session \S+  10\.251\.1\.2:\d+ -> 10\.251\.2\.2:25 ", out), out
     assert "C <- S  250 2.0.0 Ok: queued as 0001" in out
     # the namespaces it named are gone (others may come and go: tests run in parallel)
-    created = set(re.findall(r"\b(mailsluice-[0-9a-f]{6}-(?:msa|gw|mx))\b", out))
+    created = set(re.findall(r"\b(mailsluice-(?:gw\d+)?[0-9a-f]{6}-(?:msa|gw|mx))\b", out))
     assert len(created) == 3, out
     assert not created & set(sh(["ip", "netns", "list"]).split())

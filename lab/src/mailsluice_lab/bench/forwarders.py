@@ -35,6 +35,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mailsluice_lab.postfix import SERVICES, isolated, missing
 from mailsluice_lab.processes import (
     LOOPBACK,
     LabError,
@@ -356,67 +357,19 @@ async def _nginx(ctx: Context) -> AsyncIterator[Endpoint]:
 
 # --- postfix -----------------------------------------------------------------------
 
-_POSTFIX_SERVICES = """\
-pickup    unix  n       -       n       60      1       pickup
-cleanup   unix  n       -       n       -       0       cleanup
-qmgr      unix  n       -       n       300     1       qmgr
-rewrite   unix  -       -       n       -       -       trivial-rewrite
-bounce    unix  -       -       n       -       0       bounce
-defer     unix  -       -       n       -       0       bounce
-trace     unix  -       -       n       -       0       bounce
-verify    unix  -       -       n       -       1       verify
-flush     unix  n       -       n       1000?   0       flush
-proxymap  unix  -       -       n       -       -       proxymap
-proxywrite unix -       -       n       -       1       proxymap
-smtp      unix  -       -       n       -       -       smtp
-relay     unix  -       -       n       -       -       smtp
-showq     unix  n       -       n       -       -       showq
-error     unix  -       -       n       -       -       error
-retry     unix  -       -       n       -       -       error
-discard   unix  -       -       n       -       -       discard
-anvil     unix  -       -       n       -       1       anvil
-scache    unix  -       -       n       -       1       scache
-postlog   unix-dgram n  -       n       -       1       postlogd
-"""
 _QUEUES = ("maildrop", "incoming", "active", "deferred", "hold")
-
-
-def _postfix_missing() -> str | None:
-    if find_program("postfix") is None:
-        return "postfix not found (apt-get install postfix)"
-    if os.geteuid() != 0:
-        return "a throwaway Postfix instance needs root"
-    try:
-        pwd.getpwnam("postfix")
-    except KeyError:
-        return "the 'postfix' user does not exist (is Postfix installed?)"
-    return None
 
 
 def postfix_main_cf(*, root: Path, sink_port: int) -> str:
     """main.cf of a loopback-only relay: Postfix defaults except what isolation needs."""
+    keys = isolated(root, "bench", "relay.bench.mailsluice.test", "in this benchmark")
+    keys["maillog_file"] = str(root / "postfix.log")
     return "\n".join([
-        "compatibility_level = 3.6",
-        f"config_directory = {root / 'etc'}",
-        f"queue_directory = {root / 'spool'}",
-        f"data_directory = {root / 'data'}",
-        "meta_directory = /etc/postfix",
-        f"maillog_file = {root / 'postfix.log'}",
-        f"maillog_file_prefixes = {root}",
-        "syslog_name = postfix-bench",
-        "myhostname = relay.bench.mailsluice.test",
-        "mydestination =",
-        "local_recipient_maps =",
-        "local_transport = error:local delivery is disabled in this benchmark",
-        "alias_maps =",
-        "alias_database =",
+        *(f"{key} = {value}".rstrip() for key, value in keys.items()),
         f"relayhost = [{LOOPBACK}]:{sink_port}",
         "mynetworks = 127.0.0.0/8",
         f"inet_interfaces = {LOOPBACK}",
         "inet_protocols = ipv4",
-        # No DNS: no reverse lookups of clients, next hop is a literal address.
-        "smtpd_peername_lookup = no",
-        "smtp_host_lookup = native",
         # XVERP from the benchmark's clients (bench xverp); none by default since 2.1
         "smtpd_authorized_verp_clients = $mynetworks",
         "",
@@ -429,7 +382,7 @@ def _count_files(directory: Path) -> int:
 
 @contextlib.asynccontextmanager
 async def _postfix(ctx: Context) -> AsyncIterator[Endpoint]:
-    reason = _postfix_missing()
+    reason = missing()
     program = find_program("postfix")
     if reason is not None or program is None:
         raise LabError(reason or "postfix not found")
@@ -442,7 +395,7 @@ async def _postfix(ctx: Context) -> AsyncIterator[Endpoint]:
     owner = pwd.getpwnam("postfix")
     os.chown(data, owner.pw_uid, owner.pw_gid)
     (etc / "main.cf").write_text(postfix_main_cf(root=root, sink_port=ctx.sink_port))
-    (etc / "master.cf").write_text(f"{LOOPBACK}:{port} inet n - n - - smtpd\n" + _POSTFIX_SERVICES)
+    (etc / "master.cf").write_text(f"{LOOPBACK}:{port} inet n - n - - smtpd\n" + SERVICES)
     log = root / "postfix.log"
     command_log = root / "postfix-command.log"
 
@@ -509,7 +462,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("pyforward", "a minimal uvloop byte forwarder (the floor of a Python relay)",
             _mailsluice_missing, _pyforward),
     Variant("nginx", "nginx stream TCP proxy", _nginx_missing, _nginx),
-    Variant("postfix", "Postfix store-and-forward relay", _postfix_missing, _postfix),
+    Variant("postfix", "Postfix store-and-forward relay", missing, _postfix),
 )  # fmt: skip
 
 

@@ -68,10 +68,18 @@ class Namespace:
         return sh(self.cmd(*argv))
 
 
+def unique_tag() -> str:
+    """A tag for names of this run: random, led by the pytest-xdist worker's name
+    (``gw0``...) when a worker runs it, so parallel tests never share a namespace and a
+    namespace left behind says which worker made it."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "") + secrets.token_hex(3)
+
+
 @contextmanager
 def namespaces(*roles: str) -> Iterator[dict[str, Namespace]]:
-    """Create ``mailsluice-<random>-<role>`` namespaces with ``lo`` up; delete them on exit."""
-    tag = secrets.token_hex(3)
+    """Create ``mailsluice-<tag>-<role>`` namespaces with ``lo`` up (``unique_tag``);
+    delete them on exit."""
+    tag = unique_tag()
     created: list[Namespace] = []
     try:
         for role in roles:

@@ -10,7 +10,8 @@ address of its namespace, port 25, and routes with a ``texthash:`` transport map
 comes back within the run; everything else keeps Postfix's defaults unless given in
 ``settings`` (the relay gets ``qmgr_message_active_limit``).
 
-Written after ``tests/support/postfix_msa.py`` (which the benchmark must not import).
+Built on the lab's one Postfix harness, :mod:`mailsluice_lab.postfix` (its master.cf
+services, the isolating main.cf keys, ``missing``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mailsluice_lab.bench.forwarders import _POSTFIX_SERVICES as SERVICES
 from mailsluice_lab.netns.plumbing import Namespace
 from mailsluice_lab.netns.processes import listening_ports
+from mailsluice_lab.postfix import SERVICES, PostfixError, isolated, missing
 from mailsluice_lab.processes import find_program
+
+__all__ = [
+    "FAST_RETRY", "HOLD_ALL", "QUEUES", "PostfixError", "PostfixInstance", "PostfixSpec",
+    "count_files", "main_cf", "missing", "release_held",
+]  # fmt: skip
 
 FAST_RETRY: Mapping[str, str] = {
     "queue_run_delay": "1s",
@@ -38,25 +44,6 @@ FAST_RETRY: Mapping[str, str] = {
 QUEUES = ("active", "incoming", "deferred")
 # An MSA setting that puts every accepted message on hold (released by release_held).
 HOLD_ALL: Mapping[str, str] = {"smtpd_client_restrictions": "check_client_access static:HOLD"}
-
-
-class PostfixError(RuntimeError):
-    """An instance could not be configured or started; the message says why and what to do."""
-
-
-def missing() -> str | None:
-    """Why private Postfix instances cannot run here, or None."""
-    if find_program("postfix") is None:
-        return "postfix not found (apt-get install postfix)"
-    if os.geteuid() != 0:
-        return "private Postfix instances need root (their daemons drop to the postfix user)"
-    try:
-        pwd.getpwnam("postfix")
-    except KeyError:
-        return "the 'postfix' user does not exist (is Postfix installed?)"
-    if not Path("/etc/postfix/postfix-files").is_file():
-        return "/etc/postfix/postfix-files is missing (needed as meta_directory)"
-    return None
 
 
 @dataclass(frozen=True)
@@ -75,25 +62,10 @@ class PostfixSpec:
 def main_cf(spec: PostfixSpec) -> str:
     root = spec.root
     lines: dict[str, str] = {
-        "compatibility_level": "3.6",
-        "config_directory": str(root / "etc"),
-        "queue_directory": str(root / "spool"),
-        "data_directory": str(root / "data"),
-        "meta_directory": "/etc/postfix",
-        "maillog_file": str(root / "maillog"),
-        "maillog_file_prefixes": str(root),
-        "syslog_name": f"postfix-msb-{spec.name}",
-        "myhostname": f"{spec.name}.msb.test",
-        "mydestination": "",
-        "local_recipient_maps": "",
-        "local_transport": "error:local delivery is disabled in this benchmark",
-        "alias_maps": "",
-        "alias_database": "",
+        **isolated(root, f"msb-{spec.name}", f"{spec.name}.msb.test", "in this benchmark"),
         "mynetworks": spec.mynetworks,
         "inet_interfaces": spec.listen,
         "inet_protocols": "ipv4",
-        "smtpd_peername_lookup": "no",
-        "smtp_host_lookup": "native",
         "smtp_tls_security_level": "none",
         "smtpd_tls_security_level": "none",
         "biff": "no",

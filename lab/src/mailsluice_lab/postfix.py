@@ -1,4 +1,4 @@
-"""A private, throwaway Postfix instance used as a tenant MSA in tests and benchmarks.
+"""A private, throwaway Postfix instance: the one harness of the tests and the benchmarks.
 
 ``PostfixMSA`` builds a complete Postfix instance of its own under a fresh temporary
 directory (``config_directory``, ``queue_directory``, ``data_directory``, its own log file),
@@ -23,6 +23,11 @@ give ``host``/``port`` explicitly then (and keep ``lo`` up there, or override
 number of them (``{"10.0.0.1:25": ["smtpd_discard_ehlo_keywords=pipelining"]}``, each
 with its own ``-o`` options; ``{}`` for none); ``PostfixMX`` (``tests.support.postfix_mx``)
 builds an MX from this.
+
+Its parts are shared with the benchmarks' own instances (``bench.forwarders``' relay,
+``bench.scenarios.postfix`` inside namespaces): ``SERVICES`` (master.cf), ``missing`` (why
+none can run here), ``PostfixError`` and ``isolated`` (the main.cf keys that keep an
+instance apart from the system's).
 
 Submitting mail to it: ``tests.reliability.submission.submit`` (or smtp-source) over SMTP, or
 ``sendmail`` (local submission, as a web application does). ``delivery_records`` parses each
@@ -54,7 +59,7 @@ from typing import Any
 from mailsluice_lab.netns.processes import listening_ports
 from mailsluice_lab.processes import find_program
 
-_SERVICES = """\
+SERVICES = """\
 pickup    unix  n       -       n       60      1       pickup
 cleanup   unix  n       -       n       -       0       cleanup
 qmgr      unix  n       -       n       300     1       qmgr
@@ -101,7 +106,7 @@ _DELIVERY = re.compile(
 )
 
 
-class PostfixError(Exception):
+class PostfixError(RuntimeError):
     """The instance could not be set up, started or queried; the message says why."""
 
 
@@ -158,6 +163,30 @@ class Deliveries:
     bounced_lines: tuple[str, ...]
 
 
+def isolated(root: Path, name: str, hostname: str, why: str) -> dict[str, str]:
+    """The main.cf keys that keep an instance apart from the system's: everything under
+    ``root`` (``/etc/postfix`` only read, as ``meta_directory``), its own log and syslog
+    name, no local delivery (``why`` says so in the bounce), no DNS for peers."""
+    return {
+        "compatibility_level": "3.6",
+        "config_directory": str(root / "etc"),
+        "queue_directory": str(root / "spool"),
+        "data_directory": str(root / "data"),
+        "meta_directory": "/etc/postfix",
+        "maillog_file": str(root / "maillog"),
+        "maillog_file_prefixes": str(root),
+        "syslog_name": f"postfix-{name}",
+        "myhostname": hostname,
+        "mydestination": "",
+        "local_recipient_maps": "",
+        "local_transport": f"error:local delivery is disabled {why}",
+        "alias_maps": "",
+        "alias_database": "",
+        "smtpd_peername_lookup": "no",
+        "smtp_host_lookup": "native",
+    }
+
+
 def main_cf(
     *,
     root: Path,
@@ -169,20 +198,7 @@ def main_cf(
     """main.cf of an isolated MSA: everything under ``root``, one address, no local delivery."""
     ipv6 = ":" in host
     lines = {
-        "compatibility_level": "3.6",
-        "config_directory": str(root / "etc"),
-        "queue_directory": str(root / "spool"),
-        "data_directory": str(root / "data"),
-        "meta_directory": "/etc/postfix",
-        "maillog_file": str(root / "maillog"),
-        "maillog_file_prefixes": str(root),
-        "syslog_name": f"postfix-{name}",
-        "myhostname": f"{name}.msa.mailsluice.test",
-        "mydestination": "",
-        "local_recipient_maps": "",
-        "local_transport": "error:local delivery is disabled on this test MSA",
-        "alias_maps": "",
-        "alias_database": "",
+        **isolated(root, name, f"{name}.msa.mailsluice.test", "on this test MSA"),
         "mynetworks": "127.0.0.0/8 [::1]/128",
         # Postfix insists that inet_interfaces be configured interface addresses, and only
         # 127.0.0.1 / ::1 are; master.cf binds the smtpd to ``host`` explicitly and the smtp
@@ -190,8 +206,6 @@ def main_cf(
         "inet_interfaces": "[::1]" if ipv6 else "127.0.0.1",
         "inet_protocols": "ipv6" if ipv6 else "ipv4",
         "smtp_bind_address6" if ipv6 else "smtp_bind_address": host,
-        "smtpd_peername_lookup": "no",
-        "smtp_host_lookup": "native",
         "smtp_tls_security_level": "none",
         "smtpd_tls_security_level": "none",
         "biff": "no",
@@ -292,7 +306,7 @@ class PostfixMSA:
                 settings=self.settings,
             )
         )
-        (self.config_dir / "master.cf").write_text(self.listener_lines() + _SERVICES)
+        (self.config_dir / "master.cf").write_text(self.listener_lines() + SERVICES)
         self._started = True  # from here on, stop() has something to clean up
         done = self._run("postfix", "start", timeout=self.startup_timeout)
         if done.returncode != 0:

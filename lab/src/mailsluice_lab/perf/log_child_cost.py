@@ -9,7 +9,7 @@ the difference gives the instructions per session, free of start-up; without, th
 batches go through ``SqliteBackend.write_batch`` in this process, timed with
 ``time.process_time`` (what unpickling and writing cost). Bounded: --sessions.
 
-    .venv/bin/python -m tests.perf.log_child_cost --sessions 2000 [--callgrind]
+    .venv/bin/python -m mailsluice_lab.perf.log_child_cost --sessions 2000 [--callgrind]
 
 It lives with the product's tests: it uses the session log's internals (the pipe's
 framing, the SQLite backend), which the lab may not import.

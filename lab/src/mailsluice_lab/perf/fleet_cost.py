@@ -1,4 +1,5 @@
-"""What the shared state adds per transaction (issue 26): ``python -m tests.perf.fleet_cost``.
+"""What the shared state adds per transaction (issue 26):
+``python -m mailsluice_lab.perf.fleet_cost``.
 
 Starts a private redis-server on loopback (Debian's), then measures:
 
@@ -23,10 +24,10 @@ import time
 from pathlib import Path
 
 from redis import Redis
-from tests.support.fleet_sim import KEY, SimGateway, SimMx
-from tests.support.redis_server import RedisServer
 
 from mailsluice.runtime.fleet.link import FleetLink
+from mailsluice_lab.perf.fleet_sim import KEY, SimGateway, SimMx
+from mailsluice_lab.redis_server import RedisServer
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:

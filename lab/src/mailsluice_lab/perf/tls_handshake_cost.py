@@ -20,7 +20,7 @@ The ratio resumed / off of the medians is printed per run, then its median and r
 the runs. The MX process's CPU per handshake is read from /proc for each block (the
 server's side of the same handshakes).
 
-    .venv/bin/python -m tests.perf.tls_handshake_cost [--tls 1.3] [--loop uvloop]
+    .venv/bin/python -m mailsluice_lab.perf.tls_handshake_cost [--tls 1.3] [--loop uvloop]
         [--key ecdsa|rsa] [--trusted] [--handshakes 300] [--runs 5] [--json FILE]
 
 Bounded: --runs x 3 x --handshakes connections, a deadline on every step, the MX process
@@ -44,8 +44,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from tests.perf.bench_pki import write_pki
-
 from mailsluice.policy.limits import Caps
 from mailsluice.relay import events as ev
 from mailsluice.runtime.net.admission import Admission
@@ -56,7 +54,8 @@ from mailsluice.sessionlog.threadwriter import NullWriter
 from mailsluice.settings.config import HostPort, Settings
 from mailsluice.settings.fair import FairSettings
 from mailsluice_lab.bench.starttls_front import server_context
-from mailsluice_lab.processes import tree_cpu_seconds
+from mailsluice_lab.perf.bench_pki import write_pki
+from mailsluice_lab.processes import free_port, tree_cpu_seconds
 
 DEADLINE = 10.0
 LOOPBACK = "127.0.0.1"
@@ -119,7 +118,7 @@ def _services(trusted: Path | None) -> Services:
     )
     loopback = (ipaddress.ip_network("127.0.0.0/8"),)
     admission = Admission(hostname="b", allowed=loopback, caps=Caps(10**6, 0), transparent=False)
-    services = Services(settings, NullWriter(), admission)  # type: ignore[arg-type]
+    services = Services(settings, NullWriter(), admission)
     if trusted is not None:  # the MX's chain verifies, as a public MX's does
         services.chain_verifier = ChainVerifier(str(trusted))
     return services
@@ -213,12 +212,6 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the MX process is not listening")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def _runner(name: str) -> Callable[[Coroutine[Any, Any, Any]], Any]:
     if name == "uvloop":
         import uvloop
@@ -228,7 +221,7 @@ def _runner(name: str) -> Callable[[Coroutine[Any, Any, Any]], Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.perf.tls_handshake_cost")
+    parser = argparse.ArgumentParser(prog="python -m mailsluice_lab.perf.tls_handshake_cost")
     parser.add_argument("--tls", choices=("1.2", "1.3"), default="1.3")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--key", choices=("ecdsa", "rsa"), default="ecdsa", help="MX key type")
@@ -247,9 +240,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mailsluice-tls-cost-") as home:
         _, root = write_pki(Path(home), args.key)
         trusted = root if args.trusted else None
-        port = _free_port()
-        argv = [sys.executable, "-m", "tests.perf.tls_handshake_cost", "--serve", str(port),
-                "--tls", args.tls, "--loop", args.loop, "--dir", home]  # fmt: skip
+        port = free_port()
+        argv = [sys.executable, "-m", "mailsluice_lab.perf.tls_handshake_cost",
+                "--serve", str(port), "--tls", args.tls, "--loop", args.loop,
+                "--dir", home]  # fmt: skip
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         try:
             _wait_listening(port, proc)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGES = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").exists())

@@ -7,7 +7,7 @@ relay, the action dispatch, the timer bookkeeping and the connection's task. The
 share (syscalls, TCP on loopback) is not in it; ``mailsluice bench relay`` measures the
 whole. Bounded: --sessions (default 10,000). Prints microseconds per session.
 
-    .venv/bin/python -m tests.perf.session_shell_cost [--sessions 10000]
+    .venv/bin/python -m mailsluice_lab.perf.session_shell_cost [--sessions 10000]
 
 It lives with the product's tests, not in the lab: it drives the runtime's internals
 (``runtime.handler``, ``runtime.mxleg``, ...), which the lab may not import.
@@ -83,6 +83,7 @@ async def one_session(ctx: Services, group: asyncio.TaskGroup) -> connection.Con
     server = session.mx.transport
     assert server is not None
     upstream = server.get_protocol()
+    assert isinstance(upstream, asyncio.Protocol)
     upstream.data_received(SERVER[0])
     for line, reply in zip(CLIENT, SERVER[1:], strict=True):
         client.data_received(line)
@@ -101,7 +102,7 @@ async def run(sessions: int) -> float:
     )
     loopback = (ipaddress.ip_network("127.0.0.0/8"),)
     admission = Admission(hostname="b", allowed=loopback, caps=Caps(10**6, 0), transparent=False)
-    ctx = Services(settings, NullWriter(), admission)  # type: ignore[arg-type]
+    ctx = Services(settings, NullWriter(), admission)
     async with asyncio.TaskGroup() as group:
         start = time.perf_counter()
         for _ in range(sessions):
