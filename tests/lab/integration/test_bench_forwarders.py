@@ -9,6 +9,8 @@ the system's; the tests that need root or Postfix skip without them.
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import shutil
 import signal
 import tempfile
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mailsluice_lab import postfix
 from mailsluice_lab.bench import forwarders, smtptools
 from mailsluice_lab.bench import relay as relay_bench
 from mailsluice_lab.bench.forwarders import Context
@@ -59,20 +62,21 @@ async def test_nginx_variant_refuses_to_start_without_its_module(
 
 
 def test_postfix_variant_prerequisites(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forwarders, "find_program", lambda name: "/usr/sbin/postfix")
-    monkeypatch.setattr(forwarders.os, "geteuid", lambda: 1000)
-    assert forwarders._postfix_missing() == "a throwaway Postfix instance needs root"
-    monkeypatch.setattr(forwarders.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(postfix, "find_program", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert postfix.missing() == (
+        "a private Postfix instance needs root (its daemons drop to the postfix user)"
+    )
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
 
     def no_user(name: str) -> object:
         raise KeyError(name)
 
-    monkeypatch.setattr(forwarders.pwd, "getpwnam", no_user)
-    assert forwarders._postfix_missing() == (
-        "the 'postfix' user does not exist (is Postfix installed?)"
-    )
-    monkeypatch.setattr(forwarders, "find_program", lambda name: None)
-    assert forwarders._postfix_missing() == "postfix not found (apt-get install postfix)"
+    monkeypatch.setattr(pwd, "getpwnam", no_user)
+    assert postfix.missing() == "the 'postfix' user does not exist (is Postfix installed?)"
+    monkeypatch.setattr(postfix, "find_program", lambda name: None)
+    assert postfix.missing() == "postfix not found (apt-get install postfix)"
+    assert forwarders.variant("postfix").missing is postfix.missing
     assert forwarders._mailsluice_missing() is None
     with pytest.raises(KeyError):
         forwarders.variant("sendmail")
@@ -107,7 +111,7 @@ def workdir() -> Iterator[Path]:
         forwarders.remove_tree(work)
 
 
-_NO_POSTFIX_INSTANCE = forwarders._postfix_missing()
+_NO_POSTFIX_INSTANCE = postfix.missing()
 
 
 @pytest.mark.skipif(_NO_POSTFIX_INSTANCE is not None, reason=str(_NO_POSTFIX_INSTANCE))
