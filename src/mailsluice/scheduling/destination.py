@@ -11,6 +11,7 @@ the MX's answers change) are ``scheduler.LocalScheduler``'s.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from mailsluice.policy.fairshare import FairShare
@@ -19,7 +20,12 @@ from mailsluice.policy.pacing import Pacing
 from mailsluice.scheduling.meters import Tally
 from mailsluice.scheduling.orders import Cancellable, DestKey, worker_of
 
-__all__ = ["Destination", "describe"]
+__all__ = ["LINGER", "Destination", "describe"]
+
+# How long an MX may still count a connection of ours after it ended: Exim's daemon counts
+# a child until it has reaped it, Postfix's anvil until smtpd has told it; a dial within
+# that time can be refused "for capacity" with one connection fewer up than the MX sees.
+LINGER = 2.0
 
 
 def describe(key: DestKey) -> str:
@@ -43,6 +49,7 @@ class Destination:
     closing: set[int] = field(default_factory=set)  # conns on their way out
     busy: set[int] = field(default_factory=set)  # conns known busy (dialled or taken)
     up: set[int] = field(default_factory=set)  # conns established (the MX has them)
+    ended: deque[float] = field(default_factory=deque)  # when conns that were up ended
     cap: int = 0  # a deferral rule's lower limit ...
     cap_until: float = 0.0  # ... until then
     suspended_by: str = ""  # the class of the deferral that suspended it
@@ -89,9 +96,19 @@ class Destination:
         self.closing.add(conn)
         return True
 
-    def gone(self, tenant: str, conn: int) -> str:
-        """``conn`` has ended: what it was (``closing``, ``idle`` or ``busy``)."""
-        self.up.discard(conn)
+    def lingering(self, now: float) -> int:
+        """Connections of ours that ended within ``LINGER``: the MX may still count them."""
+        ended = self.ended
+        while ended and ended[0] <= now - LINGER:
+            ended.popleft()
+        return len(ended)
+
+    def gone(self, tenant: str, conn: int, now: float) -> str:
+        """``conn`` has ended at ``now``: what it was (``closing``, ``idle`` or ``busy``)."""
+        if conn in self.up:
+            self.up.discard(conn)
+            self.lingering(now)
+            self.ended.append(now)
         if conn in self.closing:
             self.closing.discard(conn)
             was = "closing"

@@ -235,8 +235,9 @@ class LocalScheduler:
         """The new connection ``conn`` of a grant was refused before use (it still counts
         as busy). For capacity (the MX said so, or it refused while others of ours are
         established: it cannot be down): its limit is what is open, or, with none of ours
-        up, no dial for a while (``_dial_later``); the ticket goes back in line, first.
-        Otherwise: ``Failed``."""
+        up, no dial for a while (``_dial_later``). Ours that ended a moment ago
+        (``destination.LINGER``) count as open: the MX may not have seen them end. The
+        ticket goes back in line, first. Otherwise: ``Failed``."""
         destination = self._get(key)
         destination.up.discard(conn)
         destination.busy.discard(conn)
@@ -247,8 +248,8 @@ class LocalScheduler:
             return
         if others <= 0:  # "too many connections" with none of ours up: too many too fast
             self._dial_later(key, destination)
-        else:
-            self._lower(key, destination, others)
+        else:  # with those the MX may not have seen end yet (``LINGER``)
+            self._lower(key, destination, others, destination.lingering(self._clock()))
         self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
@@ -269,13 +270,15 @@ class LocalScheduler:
             until - now,
         )
 
-    def _lower(self, key: DestKey, destination: Destination, others: int) -> None:
-        """A capacity refusal with ``others`` of ours up: that is the MX's limit."""
+    def _lower(self, key: DestKey, destination: Destination, others: int, ended: int) -> None:
+        """A capacity refusal with ``others`` of ours up and ``ended`` just ended (the MX
+        may still count them): that is the MX's limit."""
         destination.tally.refusals += 1
-        value = destination.limit.refused(others, self._clock())
+        value = destination.limit.refused(others + ended, self._clock())
+        just = f" (and {ended} that just ended)" if ended else ""
         self._notice(
-            False, "destination %s: refused with %d connections up; limit now %d",
-            describe(key), others, value,
+            False, "destination %s: refused with %d connections up%s; limit now %d",
+            describe(key), others, just, value,
         )  # fmt: skip
         # the lower limit first: the slot freed next must not go to a dial over it
         effective = self._effective(destination, value)
@@ -297,7 +300,7 @@ class LocalScheduler:
 
     def gone(self, key: DestKey, tenant: str, conn: int) -> None:
         destination = self._get(key)
-        was = destination.gone(tenant, conn)
+        was = destination.gone(tenant, conn, self._clock())
         self._run(key, destination, self._share(destination).gone(tenant, was=was))
 
     def forget_worker(self, worker: int) -> None:
