@@ -17,6 +17,7 @@ import math
 import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Final
 
 __all__ = ["Latency", "RecentCounts", "Tally", "TenantWaits"]
 
@@ -24,7 +25,7 @@ __all__ = ["Latency", "RecentCounts", "Tally", "TenantWaits"]
 class Latency:
     """Samples in seconds: every one counted, the last ``RECENT`` kept."""
 
-    RECENT = 64
+    RECENT: Final = 64  # Final: a class constant when compiled (mypyc)
 
     __slots__ = ("_recent", "count", "total")
 
@@ -141,7 +142,7 @@ class TenantWaits:
     that waited, and the seconds they waited. At most ``MAX`` tenants are kept apart
     (tenants are client addresses without ``[[tenants]]``); later ones count as ``""``."""
 
-    MAX = 1024
+    MAX: Final = 1024  # Final: a class constant when compiled (mypyc)
 
     __slots__ = ("by_tenant",)
 
