@@ -27,7 +27,14 @@ from types import ModuleType
 __all__ = ["COMPILED", "PURE_VARIABLE", "build", "choose", "stale_sources"]
 
 #: the packages mypyc compiles (setup.py builds the list of their modules from this)
-COMPILED = ("mailsluice.smtp", "mailsluice.relay", "mailsluice.scheduling", "mailsluice.policy")
+COMPILED = (
+    "mailsluice.smtp",
+    "mailsluice.relay",
+    "mailsluice.scheduling",
+    "mailsluice.policy",
+    "mailsluice.runtime.session",
+    "mailsluice.runtime.fair",
+)
 PURE_VARIABLE = "MAILSLUICE_PURE"
 _PACKAGE = Path(__file__).resolve().parent
 _EXTENSION = tuple(importlib.machinery.EXTENSION_SUFFIXES)
