@@ -29,9 +29,12 @@ def compiled_packages() -> tuple[str, ...]:
 
 def _sources() -> list[str]:
     files = []
-    for package in compiled_packages():
-        directory = Path("src", *package.split("."))
-        files += sorted(str(path) for path in directory.glob("*.py"))
+    for name in compiled_packages():  # a package (its own modules) or a module
+        place = Path("src", *name.split("."))
+        if place.is_dir():
+            files += sorted(str(path) for path in place.glob("*.py"))
+        else:
+            files.append(str(place.with_suffix(".py")))
     return files
 
 

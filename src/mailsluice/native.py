@@ -1,9 +1,10 @@
 """Which build of the pure core is loaded: compiled by mypyc, or the Python sources.
 
-The pure core (``mailsluice.smtp``, ``mailsluice.relay``: :data:`COMPILED`) may be
-compiled to C extension modules by mypyc (``setup.py``; ``scripts/compile`` builds them
-in place beside the sources). The sources stay the reference: the extensions are built
-from them, and Python loads the sources instead when
+The code that runs per message (:data:`COMPILED`: the pure core ``mailsluice.smtp``,
+``relay``, ``scheduling``, ``policy``, the connection's shell, the session log's codec and
+SQLite writer) may be compiled to C extension modules by mypyc (``setup.py``;
+``scripts/compile`` builds them in place beside the sources). The sources stay the
+reference: the extensions are built from them, and Python loads the sources instead when
 
 * ``MAILSLUICE_PURE=1`` is set (debugging, coverage, the pure half of ``scripts/test``), or
 * in a source tree, a source is newer than the extensions (an edit since the last
@@ -24,9 +25,9 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMPILED", "PURE_VARIABLE", "build", "choose", "stale_sources"]
+__all__ = ["COMPILED", "PURE_VARIABLE", "build", "choose", "compiled_sources", "stale_sources"]
 
-#: the packages mypyc compiles (setup.py builds the list of their modules from this)
+#: the packages (their own modules) and modules mypyc compiles (setup.py builds from this)
 COMPILED = (
     "mailsluice.smtp",
     "mailsluice.relay",
@@ -34,6 +35,8 @@ COMPILED = (
     "mailsluice.policy",
     "mailsluice.runtime.session",
     "mailsluice.runtime.fair",
+    "mailsluice.sessionlog.codec",
+    "mailsluice.sessionlog.sqlite.writer",
 )
 PURE_VARIABLE = "MAILSLUICE_PURE"
 _PACKAGE = Path(__file__).resolve().parent
@@ -60,28 +63,36 @@ class _SourcesOnly(importlib.abc.MetaPathFinder):
         return None
 
 
-def _extensions(directory: Path) -> list[Path]:
-    return [p for p in directory.iterdir() if p.name.endswith(_EXTENSION)]
+def compiled_sources(package: Path) -> list[tuple[str, Path]]:
+    """The sources :data:`COMPILED` names under ``package`` (the ``mailsluice`` directory),
+    each with its module's name: a package's ``*.py`` (not its subpackages), a module's file."""
+    found = []
+    for name in COMPILED:
+        place = package.joinpath(*name.split(".")[1:])
+        if place.is_dir():
+            found += [(f"{name}.{p.stem}", p) for p in sorted(place.glob("*.py"))]
+        elif place.with_suffix(".py").is_file():
+            found.append((name, place.with_suffix(".py")))
+    return found
+
+
+def _built_at(source: Path) -> float | None:
+    built = [p for p in source.parent.glob(f"{source.stem}.*") if p.name.endswith(_EXTENSION)]
+    return built[0].stat().st_mtime if built else None
 
 
 def stale_sources(package: Path | None = None) -> list[str]:
     """In a source tree (``pyproject.toml`` above the package), the sources of the compiled
-    packages that are newer than their extension modules; [] when there are none to
-    compare (nothing compiled, or an installed wheel)."""
+    modules that are newer than their extension modules or have none (a module or package
+    added to :data:`COMPILED` since); [] when there is nothing to compare (nothing compiled,
+    or an installed wheel)."""
     package = package or _PACKAGE
     if not (package.parent.parent / "pyproject.toml").is_file():
         return []
-    stale = []
-    for name in COMPILED:
-        directory = package.joinpath(*name.split(".")[1:])
-        built = {p.name.split(".", 1)[0]: p.stat().st_mtime for p in _extensions(directory)}
-        if not built:
-            continue
-        for source in directory.glob("*.py"):
-            compiled_at = built.get(source.stem)
-            if compiled_at is None or source.stat().st_mtime > compiled_at:
-                stale.append(f"{name}.{source.stem}")
-    return sorted(stale)
+    built = [(name, source, _built_at(source)) for name, source in compiled_sources(package)]
+    if all(at is None for _, _, at in built):
+        return []
+    return sorted(n for n, s, at in built if at is None or s.stat().st_mtime > at)
 
 
 def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:

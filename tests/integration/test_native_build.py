@@ -66,6 +66,23 @@ def test_a_source_newer_than_its_extension_is_stale(tmp_path: Path) -> None:
     assert native.stale_sources(package) == ["mailsluice.relay.new", "mailsluice.smtp.lines"]
 
 
+def test_a_package_or_module_newly_compiled_is_stale_until_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = _tree(tmp_path)
+    (package / "extra").mkdir()
+    (package / "extra" / "limits.py").write_text("")
+    (package / "log").mkdir()
+    (package / "log" / "codec.py").write_text("")
+    (package / "log" / "query.py").write_text("")  # not compiled: never stale
+    names = (*native.COMPILED, "mailsluice.extra", "mailsluice.log.codec")
+    monkeypatch.setattr(native, "COMPILED", names)
+    stale = ["mailsluice.extra.limits", "mailsluice.log.codec"]
+    assert native.stale_sources(package) == stale
+    (package / "log" / f"codec{SO}").write_bytes(b"")
+    assert native.stale_sources(package) == stale[:1]
+
+
 def test_outside_a_source_tree_nothing_is_stale(tmp_path: Path) -> None:
     package = _tree(tmp_path, pyproject=False)  # an installed wheel: no pyproject.toml
     source = package / "smtp" / "lines.py"

@@ -34,7 +34,8 @@ from mailsluice.settings.tls import TlsSettings
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 
-pytestmark = pytest.mark.integration
+# the spy (``settled``) and the profile swap replace MxLeg's methods: the sources only
+pytestmark = [pytest.mark.integration, pytest.mark.swaps_code]
 
 LOOPS: dict[str, Callable[[Coroutine[Any, Any, None]], None]] = {
     "asyncio": asyncio.run,

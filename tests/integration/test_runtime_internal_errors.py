@@ -131,6 +131,7 @@ async def test_exception_while_relaying_client_bytes_is_421(
     assert not mx.ledger.messages
 
 
+@pytest.mark.swaps_code  # the compiled shell calls the compiled relay directly
 async def test_exception_while_reporting_an_exception_closes_both_sides(
     proxy_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

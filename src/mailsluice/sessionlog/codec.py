@@ -288,7 +288,8 @@ def _parse_webhook(url: str, rest: str) -> LogUrl:
 _WEBHOOK_KEYS = frozenset({"events", "timeout", "retries", "max_posts", "min_interval", "blocks"})
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# built with chr(): mypyc refuses surrogate code points in a string literal
+_SURROGATE = re.compile("[" + chr(0xD800) + "-" + chr(0xDFFF) + "]")
 
 
 def _escape_surrogate(match: re.Match[str]) -> str:
