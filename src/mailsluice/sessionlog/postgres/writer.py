@@ -32,18 +32,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from mailsluice.relay.records import (
     Record,
-    SessionClosed,
-    SessionOpened,
-    TransactionEnded,
-    TranscriptChunk,
-    TranscriptLine,
 )
+from mailsluice.sessionlog.batchrows import BatchRows, Columns
 from mailsluice.sessionlog.codec import SessionLogError, clean_text, parse_log_url
 from mailsluice.sessionlog.postgres.schema import (
     COMMAND_TIMEOUT,
@@ -98,10 +93,6 @@ def pg_text(text: str) -> str:
     return text.replace("\x00", "\\x00") if "\x00" in text else text
 
 
-def _opt(text: str | None) -> str | None:
-    return None if text is None else pg_text(text)
-
-
 def _ts(at: float | None) -> datetime | None:
     if at is None:
         return None
@@ -111,53 +102,12 @@ def _ts(at: float | None) -> datetime | None:
         return None
 
 
-@dataclass(slots=True)
-class _Rows:
-    """One batch as rows for the four statements, in the order they run."""
-
-    opened: list[tuple[object, ...]] = field(default_factory=list)
-    lines: list[tuple[object, ...]] = field(default_factory=list)
-    txns: list[tuple[object, ...]] = field(default_factory=list)
-    closed: list[tuple[object, ...]] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, records: list[Record]) -> _Rows:
-        rows = cls()
-        chunks: dict[str, list[tuple[int, float, str, str]]] = {}
-        for r in records:
-            if isinstance(r, TranscriptChunk):
-                chunk = chunks.setdefault(r.session_id, [])
-                chunk.extend((seq, at, d, pg_text(text)) for seq, at, d, text in r.lines)
-            elif isinstance(r, TranscriptLine):
-                chunk = chunks.setdefault(r.session_id, [])
-                chunk.append((r.seq, r.at, r.direction.value, pg_text(r.text)))
-            elif isinstance(r, SessionOpened):
-                rows.opened.append(
-                    (pg_text(r.session_id), pg_text(r.client), pg_text(r.destination),
-                     _opt(r.source_ip), _ts(r.at), _opt(r.gateway))
-                )  # fmt: skip
-            elif isinstance(r, TransactionEnded):
-                rows.txns.append(
-                    (pg_text(r.session_id), r.seq, _ts(r.started_at), _ts(r.ended_at),
-                     pg_text(r.mail_from), [pg_text(a) for a in r.rcpt_to],
-                     [pg_text(a) for a in r.accepted_rcpt_to], r.size, r.reply_code,
-                     _opt(r.reply_text), pg_text(r.outcome))
-                )  # fmt: skip
-            elif isinstance(r, SessionClosed):
-                rows.closed.append(
-                    (pg_text(r.session_id), _opt(r.helo), _opt(r.tls_version),
-                     _opt(r.tls_cipher), r.tls_verified, _ts(r.at), r.messages, r.bytes,
-                     r.final_code, r.connect_to_354_ms, pg_text(r.reason),
-                     _opt(r.client_tls_version), _opt(r.client_tls_cipher))
-                )  # fmt: skip
-        rows.lines = [
-            (pg_text(sid), chunk[0][0], json.dumps(chunk, ensure_ascii=False))
-            for sid, chunk in chunks.items()
-        ]
-        return rows
-
-    def __bool__(self) -> bool:
-        return bool(self.opened or self.lines or self.txns or self.closed)
+_COLUMNS = Columns(
+    text=pg_text,
+    time=_ts,
+    addresses=lambda addresses: [pg_text(a) for a in addresses],
+    lines=lambda chunk: json.dumps(chunk, ensure_ascii=False),
+)
 
 
 class PostgresBackend:
@@ -212,7 +162,7 @@ class PostgresBackend:
     # -- the writer thread ----------------------------------------------------------
 
     def write_batch(self, records: list[Record]) -> None:
-        rows = _Rows.build(records)
+        rows = BatchRows.build(records, _COLUMNS)
         if rows:
             self._run(lambda: self._write(rows))
 
@@ -282,7 +232,7 @@ class PostgresBackend:
             OSError | pg.InterfaceError | pg.PostgresConnectionError | pg.OperatorInterventionError,
         )
 
-    async def _write(self, rows: _Rows) -> None:
+    async def _write(self, rows: BatchRows) -> None:
         for attempt in (1, 2):
             fresh = self._conn is None or self._conn.is_closed()
             conn = await self._connection()
@@ -309,7 +259,7 @@ class PostgresBackend:
         conn.terminate()
 
 
-async def _store(conn: Connection, rows: _Rows) -> None:
+async def _store(conn: Connection, rows: BatchRows) -> None:
     async with conn.transaction():
         # Inserts before updates: a session opened and closed in one batch ends complete.
         if rows.opened:
