@@ -29,7 +29,7 @@ SINKS = {"sqlite.writer", "jsonl.writer", "postgres.writer", "mysql.writer", "we
 READING = {"reader", "sqlite.reader", "jsonl.reader", "postgres.reader", "mysql.reader",
            "query", "query_sql", "rows", "cli_commands"}  # fmt: skip
 # used by several sinks (batchrows: the SQL servers' rows), or by sinks and readers
-SHARED = {"codec", "batchrows", "mysql.url", "postgres.schema", "mysql.schema"}
+SHARED = {"codec", "batchrows", "reconnect", "mysql.url", "postgres.schema", "mysql.schema"}
 
 
 def _imports(path: Path) -> tuple[set[str], set[str]]:

@@ -51,6 +51,7 @@ from mailsluice.sessionlog.mysql.schema import (
     migrate,
 )
 from mailsluice.sessionlog.mysql.url import parse_mysql_url
+from mailsluice.sessionlog.reconnect import ReconnectBackoff
 
 __all__ = ["MysqlBackend", "utc_datetime"]
 
@@ -128,13 +129,8 @@ class MysqlBackend:
         self.shown = self._target.shown  # the URL without its password
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
-        self._backoff = backoff
-        self._clock = clock
+        self._reconnect = ReconnectBackoff(backoff, clock)
         self._conn: Connection | None = None
-        self._failures = 0  # connection attempts failed in a row
-        self._next_attempt = 0.0
-        self._last_error = ""
-        self.connections = 0  # connections opened by the writer (1 + reconnections)
         if check:  # report a wrong URL, password or database now, at startup
             self._open().close()
 
@@ -148,6 +144,11 @@ class MysqlBackend:
             _discard(conn)
             raise
         return conn
+
+    @property
+    def connections(self) -> int:
+        """Connections opened by the writer (1 + reconnections)."""
+        return self._reconnect.connections
 
     # -- the writer thread ----------------------------------------------------------
 
@@ -182,22 +183,14 @@ class MysqlBackend:
     def _connection(self) -> Connection:
         if self._conn is not None:
             return self._conn
-        now = self._clock()
-        if now < self._next_attempt:
-            raise SessionLogError(
-                f"{self._last_error} (next connection attempt in {self._next_attempt - now:.0f} s)"
-            )
+        self._reconnect.check()
         try:
             conn = self._open()
         except Exception as exc:
-            self._failures += 1
-            low, high = self._backoff
-            self._next_attempt = now + min(high, low * 2 ** (self._failures - 1))
-            self._last_error = str(exc)
+            self._reconnect.failed(exc)
             raise
-        self._failures = 0
+        self._reconnect.connected()
         self._conn = conn
-        self.connections += 1
         return conn
 
     def _lost(self, exc: Exception) -> str | None:

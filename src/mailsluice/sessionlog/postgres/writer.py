@@ -50,6 +50,7 @@ from mailsluice.sessionlog.postgres.schema import (
     migrate,
     run_private,
 )
+from mailsluice.sessionlog.reconnect import ReconnectBackoff
 
 __all__ = ["PostgresBackend", "pg_text"]
 
@@ -130,14 +131,9 @@ class PostgresBackend:
         self.shown = parsed.text  # the URL without its password
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
-        self._backoff = backoff
-        self._clock = clock
+        self._reconnect = ReconnectBackoff(backoff, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Connection | None = None
-        self._failures = 0  # connection attempts failed in a row
-        self._next_attempt = 0.0
-        self._last_error = ""
-        self.connections = 0  # connections opened by the writer (1 + reconnections)
         if check:  # report a wrong URL, password or database now, at startup
             run_private(self._check)
 
@@ -158,6 +154,11 @@ class PostgresBackend:
     async def _check(self) -> None:
         conn = await self._open()
         await conn.close(timeout=self._connect_timeout)
+
+    @property
+    def connections(self) -> int:
+        """Connections opened by the writer (1 + reconnections)."""
+        return self._reconnect.connections
 
     # -- the writer thread ----------------------------------------------------------
 
@@ -207,22 +208,14 @@ class PostgresBackend:
         if conn is not None and not conn.is_closed():
             return conn
         self._conn = None
-        now = self._clock()
-        if now < self._next_attempt:
-            raise SessionLogError(
-                f"{self._last_error} (next connection attempt in {self._next_attempt - now:.0f} s)"
-            )
+        self._reconnect.check()
         try:
             conn = await self._open()
         except Exception as exc:
-            self._failures += 1
-            low, high = self._backoff
-            self._next_attempt = now + min(high, low * 2 ** (self._failures - 1))
-            self._last_error = str(exc)
+            self._reconnect.failed(exc)
             raise
-        self._failures = 0
+        self._reconnect.connected()
         self._conn = conn
-        self.connections += 1
         return conn
 
     def _lost(self, conn: Connection, exc: Exception) -> bool:
