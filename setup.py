@@ -11,12 +11,9 @@ from __future__ import annotations
 import ast
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
+from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 
@@ -52,64 +49,10 @@ def native_modules() -> list[object]:
         print("setup.py: mypyc is not installed: the pure-Python build", file=sys.stderr)
         return []
     os.chdir(ROOT)
-    extensions = mypycify(
-        ["--config-file", "pyproject.toml", *_sources()],
-        group_name="mailsluice",
-        multi_file=True,  # a C file per module: compiled in parallel (ParallelBuild)
-    )
+    extensions = mypycify(["--config-file", "pyproject.toml", *_sources()], group_name="mailsluice")
     for extension in extensions:
         extension.optional = True  # a failed compile leaves the sources, never a failed install
     return list(extensions)
 
 
-class ParallelBuild(build_ext):
-    """Compiles the C files of one extension in parallel, a compiler per core: mypyc puts
-    every module of the group in one shared library, and setuptools would compile its
-    files one after another (``build_ext -j`` runs extensions in parallel, not files)."""
-
-    def build_extension(self, ext: Extension) -> None:
-        compiler: Any = self.compiler
-        serial = compiler.compile
-
-        def compile_all(
-            sources: list[str],
-            output_dir: str | None = None,
-            macros: Any = None,
-            include_dirs: Any = None,
-            debug: bool = False,
-            extra_preargs: Any = None,
-            extra_postargs: Any = None,
-            depends: Any = None,
-        ) -> list[str]:
-            if len(sources) < 2:
-                return serial(
-                    sources,
-                    output_dir,
-                    macros,
-                    include_dirs,
-                    debug,
-                    extra_preargs,
-                    extra_postargs,
-                    depends,
-                )
-            macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
-                output_dir, macros, include_dirs, sources, depends, extra_postargs
-            )
-            cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
-
-            def one(obj: str) -> None:
-                src, ext = build[obj]
-                compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
-
-            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                list(pool.map(one, objects))
-            return objects
-
-        compiler.compile = compile_all
-        try:
-            super().build_extension(ext)
-        finally:
-            compiler.compile = serial
-
-
-setup(ext_modules=native_modules(), cmdclass={"build_ext": ParallelBuild})
+setup(ext_modules=native_modules())
