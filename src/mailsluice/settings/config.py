@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -57,7 +57,7 @@ DEFAULT_ALLOW: tuple[str, ...] = (
 #: every key of the top level (a table's name included), for ``did you mean``
 TOP_KEYS = (
     "listen", "upstream", "outbound_ip", "allow", "log", "state_file", "admin_listen",
-    "admin_token_file", "log_queue_limit", "workers", "max_connections",
+    "admin_token_file", "admin_allowed_hosts", "log_queue_limit", "workers", "max_connections",
     "max_connections_per_client", "shutdown_grace", "reuse_connections", "reuse_idle_timeout",
     "reuse_max_age", "reuse_max_idle", "reuse_max_sessions", "log_process", "verbose",
     "message_size_limit", "max_recipients", "bare_newline", "tls", "log_headers", "xverp",
@@ -201,10 +201,6 @@ def _ip(value: str, key: str) -> str:
         raise ConfigError(f"{key}: {value!r} is not an IP address") from None
 
 
-def _log_url(value: str, key: str) -> str:
-    return _sink_url(value, key)
-
-
 def _sink_url(value: str, key: str) -> str:
     from mailsluice.sessionlog.codec import parse_log_url
 
@@ -320,6 +316,81 @@ def _allowed_hosts(raw: object, key: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _flag(raw: object, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(f"{key}: expected true or false")
+    return raw
+
+
+def _count(minimum: float = 1) -> Callable[[object, str], int]:
+    return lambda raw, key: int(_number(raw, key, minimum=minimum, integer=True))
+
+
+def _seconds(minimum: float) -> Callable[[object, str], float]:
+    return lambda raw, key: _number(raw, key, minimum=minimum)
+
+
+def _host_port_or_none(raw: object, key: str) -> HostPort | None:
+    return parse_host_port(_string(raw, key), key) if raw else None
+
+
+def _allow_list(raw: object, key: str) -> tuple[AllowEntry, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("allow: expected a list of networks, e.g. ['local', '10.0.0.0/8']")
+    return _allow(raw, key)
+
+
+def _sinks(raw: object, key: str) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("log_sinks: expected a list of log URLs")
+    return tuple(_sink_url(_string(url, key), key) for url in raw)
+
+
+#: the top-level keys that are ``Settings`` fields of the same name, and how each is read
+_TOP: dict[str, Callable[[object, str], Any]] = {
+    "listen": _listen,
+    "upstream": _host_port_or_none,
+    "outbound_ip": lambda raw, key: _ip(_string(raw, key), key) if raw else None,
+    "allow": _allow_list,
+    "log": lambda raw, key: _sink_url(_string(raw, key), key),
+    "state_file": lambda raw, key: _string(raw, key) or None,
+    "admin_listen": _host_port_or_none,
+    "admin_token_file": lambda raw, key: _string(raw, key) or None,
+    "admin_allowed_hosts": lambda raw, key: _allowed_hosts(raw, key),
+    "shared_state": lambda raw, key: _fleet(key, _string(raw, key)),
+    "gateway_name": lambda raw, key: _fleet(key, _string(raw, key)),
+    "log_queue_limit": _count(),
+    "workers": _count(),
+    "max_connections": _count(),
+    "max_connections_per_client": _count(minimum=0),
+    "shutdown_grace": _seconds(0),
+    "reuse_connections": _flag,
+    "reuse_idle_timeout": _seconds(0.001),
+    "reuse_max_age": _seconds(0.001),
+    "reuse_max_idle": _count(),
+    "reuse_max_sessions": _count(),
+    "log_process": _flag,
+    "verbose": _flag,
+    "log_sinks": _sinks,
+    "filtering": lambda raw, key: parse_filtering(raw),
+    "filters": lambda raw, key: parse_filters(raw),
+    "plugins": lambda raw, key: parse_plugins(raw),
+}
+
+#: the top-level keys that are the relay's (``RelayConfig`` fields of the same name)
+_RELAY: dict[str, Callable[[object, str], Any]] = {
+    "message_size_limit": _count(minimum=0),
+    "max_recipients": _count(),
+    "bare_newline": lambda raw, key: BareNewlinePolicy(
+        _choice(raw, key, tuple(p.value for p in BareNewlinePolicy))
+    ),
+    "tls": lambda raw, key: TlsMode(_choice(raw, key, tuple(m.value for m in TlsMode))),
+    "log_headers": _flag,
+    "xverp": _flag,
+    "hostname": _string,
+}
+
+
 def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Settings:
     relay = settings.relay
     top: dict[str, Any] = {}
@@ -340,102 +411,18 @@ def _settings_from_mapping(data: Mapping[str, Any], settings: Settings) -> Setti
         tenants = tuple(group.name for group in fair.tenants)
         check_sources(top["sources"], fair_sharing=fair.enabled, tenants=tenants)
     for key, raw in data.items():
-        if key in tls_keys or key in source_keys:
+        if key in tls_keys or key in source_keys or key in fair_keys:
             continue  # read above, together
-        match key:
-            case "fair_sharing" | "destinations" | "tenants" | "deferral_rules":
-                pass  # read above, together
-            case "listen":
-                top["listen"] = _listen(raw, key)
-            case "upstream":
-                top["upstream"] = parse_host_port(_string(raw, key), key) if raw else None
-            case "outbound_ip":
-                top["outbound_ip"] = _ip(_string(raw, key), key) if raw else None
-            case "allow":
-                if not isinstance(raw, list):
-                    raise ConfigError(
-                        "allow: expected a list of networks, e.g. ['local', '10.0.0.0/8']"
-                    )
-                top["allow"] = _allow(raw, key)
-            case "log":
-                top["log"] = _log_url(_string(raw, key), key)
-            case "state_file":
-                top["state_file"] = _string(raw, key) or None
-            case "admin_listen":
-                top["admin_listen"] = parse_host_port(_string(raw, key), key) if raw else None
-            case "shared_state" | "gateway_name":
-                top[key] = _fleet(key, _string(raw, key))
-            case "admin_token_file":
-                top["admin_token_file"] = _string(raw, key) or None
-            case "admin_allowed_hosts":
-                top["admin_allowed_hosts"] = _allowed_hosts(raw, key)
-            case "log_queue_limit":
-                top["log_queue_limit"] = int(_number(raw, key, minimum=1, integer=True))
-            case "workers":
-                top["workers"] = int(_number(raw, key, minimum=1, integer=True))
-            case "max_connections":
-                top["max_connections"] = int(_number(raw, key, minimum=1, integer=True))
-            case "max_connections_per_client":
-                top["max_connections_per_client"] = int(_number(raw, key, integer=True))
-            case "shutdown_grace":
-                top["shutdown_grace"] = _number(raw, key, minimum=0)
-            case "reuse_connections":
-                if not isinstance(raw, bool):
-                    raise ConfigError("reuse_connections: expected true or false")
-                top["reuse_connections"] = raw
-            case "reuse_idle_timeout":
-                top["reuse_idle_timeout"] = _number(raw, key, minimum=0.001)
-            case "reuse_max_age":
-                top["reuse_max_age"] = _number(raw, key, minimum=0.001)
-            case "reuse_max_idle" | "reuse_max_sessions":
-                top[key] = int(_number(raw, key, minimum=1, integer=True))
-            case "log_process":
-                if not isinstance(raw, bool):
-                    raise ConfigError("log_process: expected true or false")
-                top["log_process"] = raw
-            case "verbose":
-                if not isinstance(raw, bool):
-                    raise ConfigError("verbose: expected true or false")
-                top["verbose"] = raw
-            case "message_size_limit":
-                relay = replace(relay, message_size_limit=int(_number(raw, key, integer=True)))
-            case "max_recipients":
-                relay = replace(
-                    relay, max_recipients=int(_number(raw, key, minimum=1, integer=True))
-                )
-            case "bare_newline":
-                choice = _choice(raw, key, tuple(p.value for p in BareNewlinePolicy))
-                relay = replace(relay, bare_newline=BareNewlinePolicy(choice))
-            case "tls":
-                relay = replace(
-                    relay, tls=TlsMode(_choice(raw, key, tuple(m.value for m in TlsMode)))
-                )
-            case "log_headers":
-                if not isinstance(raw, bool):
-                    raise ConfigError("log_headers: expected true or false")
-                relay = replace(relay, log_headers=raw)
-            case "xverp":
-                if not isinstance(raw, bool):
-                    raise ConfigError("xverp: expected true or false")
-                relay = replace(relay, xverp=raw)
-            case "hostname":
-                relay = replace(relay, hostname=_string(raw, key))
-            case "timeouts":
-                relay = replace(relay, timeouts=_timeouts(raw, relay.timeouts))
-            case "log_sinks":
-                if not isinstance(raw, list):
-                    raise ConfigError("log_sinks: expected a list of log URLs")
-                top["log_sinks"] = tuple(_sink_url(_string(u, key), key) for u in raw)
-            case "filtering":
-                top["filtering"] = parse_filtering(raw)
-            case "filters":
-                top["filters"] = parse_filters(raw)
-            case "plugins":
-                top["plugins"] = parse_plugins(raw)
-            case _:
-                raise ConfigError(
-                    f"{key}: unknown setting{hint(key, TOP_KEYS)} (see docs/configuration.md)"
-                )
+        if key in _TOP:
+            top[key] = _TOP[key](raw, key)
+        elif key in _RELAY:
+            relay = replace(relay, **{key: _RELAY[key](raw, key)})
+        elif key == "timeouts":
+            relay = replace(relay, timeouts=_timeouts(raw, relay.timeouts))
+        else:
+            raise ConfigError(
+                f"{key}: unknown setting{hint(key, TOP_KEYS)} (see docs/configuration.md)"
+            )
     return replace(settings, relay=relay, **top)
 
 
