@@ -28,7 +28,8 @@ WRITING = BOTTOM | {"threadwriter", "loopwriter", "fanout", "child", "backends",
 SINKS = {"sqlite.writer", "jsonl.writer", "postgres.writer", "mysql.writer", "webhook"}
 READING = {"reader", "sqlite.reader", "jsonl.reader", "postgres.reader", "mysql.reader",
            "query", "query_sql", "rows", "cli_commands"}  # fmt: skip
-SHARED = {"codec", "mysql.url", "postgres.schema", "mysql.schema"}  # by sinks and readers
+# used by several sinks (batchrows: the SQL servers' rows), or by sinks and readers
+SHARED = {"codec", "batchrows", "reconnect", "mysql.url", "postgres.schema", "mysql.schema"}
 
 
 def _imports(path: Path) -> tuple[set[str], set[str]]:

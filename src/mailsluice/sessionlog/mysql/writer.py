@@ -32,18 +32,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from mailsluice.relay.records import (
     Record,
-    SessionClosed,
-    SessionOpened,
-    TransactionEnded,
-    TranscriptChunk,
-    TranscriptLine,
 )
-from mailsluice.sessionlog.codec import SessionLogError, clean_opt, clean_text
+from mailsluice.sessionlog.batchrows import BatchRows, Columns
+from mailsluice.sessionlog.codec import SessionLogError, clean_text
 from mailsluice.sessionlog.mysql.schema import (
     COMMAND_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -56,6 +51,7 @@ from mailsluice.sessionlog.mysql.schema import (
     migrate,
 )
 from mailsluice.sessionlog.mysql.url import parse_mysql_url
+from mailsluice.sessionlog.reconnect import ReconnectBackoff
 
 __all__ = ["MysqlBackend", "utc_datetime"]
 
@@ -105,56 +101,12 @@ def utc_datetime(at: float | None) -> datetime | None:
     return moment.replace(tzinfo=None) if moment.year >= 1000 else None
 
 
-def _addresses(addresses: tuple[str, ...]) -> str:
-    return _json_text([clean_text(a) for a in addresses])
-
-
-@dataclass(slots=True)
-class _Rows:
-    """One batch as rows for the four statements, in the order they run."""
-
-    opened: list[tuple[object, ...]] = field(default_factory=list)
-    lines: list[tuple[object, ...]] = field(default_factory=list)
-    txns: list[tuple[object, ...]] = field(default_factory=list)
-    closed: list[tuple[object, ...]] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, records: list[Record]) -> _Rows:
-        rows = cls()
-        chunks: dict[str, list[tuple[int, float, str, str]]] = {}
-        for r in records:
-            if isinstance(r, TranscriptChunk):
-                chunk = chunks.setdefault(r.session_id, [])
-                chunk.extend((seq, at, d, clean_text(text)) for seq, at, d, text in r.lines)
-            elif isinstance(r, TranscriptLine):
-                chunk = chunks.setdefault(r.session_id, [])
-                chunk.append((r.seq, r.at, r.direction.value, clean_text(r.text)))
-            elif isinstance(r, SessionOpened):
-                rows.opened.append(
-                    (clean_text(r.session_id), clean_text(r.client), clean_text(r.destination),
-                     clean_opt(r.source_ip), utc_datetime(r.at), clean_opt(r.gateway))
-                )  # fmt: skip
-            elif isinstance(r, TransactionEnded):
-                rows.txns.append(
-                    (clean_text(r.session_id), r.seq, utc_datetime(r.started_at),
-                     utc_datetime(r.ended_at), clean_text(r.mail_from), _addresses(r.rcpt_to),
-                     _addresses(r.accepted_rcpt_to), r.size, r.reply_code,
-                     clean_opt(r.reply_text), clean_text(r.outcome))
-                )  # fmt: skip
-            elif isinstance(r, SessionClosed):
-                rows.closed.append(
-                    (clean_text(r.session_id), clean_opt(r.helo), clean_opt(r.tls_version),
-                     clean_opt(r.tls_cipher), r.tls_verified, utc_datetime(r.at), r.messages,
-                     r.bytes, r.final_code, r.connect_to_354_ms, clean_text(r.reason),
-                     clean_opt(r.client_tls_version), clean_opt(r.client_tls_cipher))
-                )  # fmt: skip
-        rows.lines = [
-            (clean_text(sid), chunk[0][0], _json_text(chunk)) for sid, chunk in chunks.items()
-        ]
-        return rows
-
-    def __bool__(self) -> bool:
-        return bool(self.opened or self.lines or self.txns or self.closed)
+_COLUMNS = Columns(
+    text=clean_text,
+    time=utc_datetime,
+    addresses=lambda addresses: _json_text([clean_text(a) for a in addresses]),
+    lines=_json_text,
+)
 
 
 class MysqlBackend:
@@ -177,13 +129,8 @@ class MysqlBackend:
         self.shown = self._target.shown  # the URL without its password
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
-        self._backoff = backoff
-        self._clock = clock
+        self._reconnect = ReconnectBackoff(backoff, clock)
         self._conn: Connection | None = None
-        self._failures = 0  # connection attempts failed in a row
-        self._next_attempt = 0.0
-        self._last_error = ""
-        self.connections = 0  # connections opened by the writer (1 + reconnections)
         if check:  # report a wrong URL, password or database now, at startup
             self._open().close()
 
@@ -198,10 +145,15 @@ class MysqlBackend:
             raise
         return conn
 
+    @property
+    def connections(self) -> int:
+        """Connections opened by the writer (1 + reconnections)."""
+        return self._reconnect.connections
+
     # -- the writer thread ----------------------------------------------------------
 
     def write_batch(self, records: list[Record]) -> None:
-        rows = _Rows.build(records)
+        rows = BatchRows.build(records, _COLUMNS)
         if not rows:
             return
         for attempt in (1, 2):
@@ -231,22 +183,14 @@ class MysqlBackend:
     def _connection(self) -> Connection:
         if self._conn is not None:
             return self._conn
-        now = self._clock()
-        if now < self._next_attempt:
-            raise SessionLogError(
-                f"{self._last_error} (next connection attempt in {self._next_attempt - now:.0f} s)"
-            )
+        self._reconnect.check()
         try:
             conn = self._open()
         except Exception as exc:
-            self._failures += 1
-            low, high = self._backoff
-            self._next_attempt = now + min(high, low * 2 ** (self._failures - 1))
-            self._last_error = str(exc)
+            self._reconnect.failed(exc)
             raise
-        self._failures = 0
+        self._reconnect.connected()
         self._conn = conn
-        self.connections += 1
         return conn
 
     def _lost(self, exc: Exception) -> str | None:
@@ -266,7 +210,7 @@ class MysqlBackend:
         _discard(conn)
 
 
-def _store(conn: Connection, rows: _Rows) -> None:
+def _store(conn: Connection, rows: BatchRows) -> None:
     conn.begin()
     with conn.cursor() as cur:
         # Inserts before updates: a session opened and closed in one batch ends complete.

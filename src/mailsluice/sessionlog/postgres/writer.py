@@ -32,18 +32,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from mailsluice.relay.records import (
     Record,
-    SessionClosed,
-    SessionOpened,
-    TransactionEnded,
-    TranscriptChunk,
-    TranscriptLine,
 )
+from mailsluice.sessionlog.batchrows import BatchRows, Columns
 from mailsluice.sessionlog.codec import SessionLogError, clean_text, parse_log_url
 from mailsluice.sessionlog.postgres.schema import (
     COMMAND_TIMEOUT,
@@ -55,6 +50,7 @@ from mailsluice.sessionlog.postgres.schema import (
     migrate,
     run_private,
 )
+from mailsluice.sessionlog.reconnect import ReconnectBackoff
 
 __all__ = ["PostgresBackend", "pg_text"]
 
@@ -98,10 +94,6 @@ def pg_text(text: str) -> str:
     return text.replace("\x00", "\\x00") if "\x00" in text else text
 
 
-def _opt(text: str | None) -> str | None:
-    return None if text is None else pg_text(text)
-
-
 def _ts(at: float | None) -> datetime | None:
     if at is None:
         return None
@@ -111,53 +103,12 @@ def _ts(at: float | None) -> datetime | None:
         return None
 
 
-@dataclass(slots=True)
-class _Rows:
-    """One batch as rows for the four statements, in the order they run."""
-
-    opened: list[tuple[object, ...]] = field(default_factory=list)
-    lines: list[tuple[object, ...]] = field(default_factory=list)
-    txns: list[tuple[object, ...]] = field(default_factory=list)
-    closed: list[tuple[object, ...]] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, records: list[Record]) -> _Rows:
-        rows = cls()
-        chunks: dict[str, list[tuple[int, float, str, str]]] = {}
-        for r in records:
-            if isinstance(r, TranscriptChunk):
-                chunk = chunks.setdefault(r.session_id, [])
-                chunk.extend((seq, at, d, pg_text(text)) for seq, at, d, text in r.lines)
-            elif isinstance(r, TranscriptLine):
-                chunk = chunks.setdefault(r.session_id, [])
-                chunk.append((r.seq, r.at, r.direction.value, pg_text(r.text)))
-            elif isinstance(r, SessionOpened):
-                rows.opened.append(
-                    (pg_text(r.session_id), pg_text(r.client), pg_text(r.destination),
-                     _opt(r.source_ip), _ts(r.at), _opt(r.gateway))
-                )  # fmt: skip
-            elif isinstance(r, TransactionEnded):
-                rows.txns.append(
-                    (pg_text(r.session_id), r.seq, _ts(r.started_at), _ts(r.ended_at),
-                     pg_text(r.mail_from), [pg_text(a) for a in r.rcpt_to],
-                     [pg_text(a) for a in r.accepted_rcpt_to], r.size, r.reply_code,
-                     _opt(r.reply_text), pg_text(r.outcome))
-                )  # fmt: skip
-            elif isinstance(r, SessionClosed):
-                rows.closed.append(
-                    (pg_text(r.session_id), _opt(r.helo), _opt(r.tls_version),
-                     _opt(r.tls_cipher), r.tls_verified, _ts(r.at), r.messages, r.bytes,
-                     r.final_code, r.connect_to_354_ms, pg_text(r.reason),
-                     _opt(r.client_tls_version), _opt(r.client_tls_cipher))
-                )  # fmt: skip
-        rows.lines = [
-            (pg_text(sid), chunk[0][0], json.dumps(chunk, ensure_ascii=False))
-            for sid, chunk in chunks.items()
-        ]
-        return rows
-
-    def __bool__(self) -> bool:
-        return bool(self.opened or self.lines or self.txns or self.closed)
+_COLUMNS = Columns(
+    text=pg_text,
+    time=_ts,
+    addresses=lambda addresses: [pg_text(a) for a in addresses],
+    lines=lambda chunk: json.dumps(chunk, ensure_ascii=False),
+)
 
 
 class PostgresBackend:
@@ -180,14 +131,9 @@ class PostgresBackend:
         self.shown = parsed.text  # the URL without its password
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
-        self._backoff = backoff
-        self._clock = clock
+        self._reconnect = ReconnectBackoff(backoff, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Connection | None = None
-        self._failures = 0  # connection attempts failed in a row
-        self._next_attempt = 0.0
-        self._last_error = ""
-        self.connections = 0  # connections opened by the writer (1 + reconnections)
         if check:  # report a wrong URL, password or database now, at startup
             run_private(self._check)
 
@@ -209,10 +155,15 @@ class PostgresBackend:
         conn = await self._open()
         await conn.close(timeout=self._connect_timeout)
 
+    @property
+    def connections(self) -> int:
+        """Connections opened by the writer (1 + reconnections)."""
+        return self._reconnect.connections
+
     # -- the writer thread ----------------------------------------------------------
 
     def write_batch(self, records: list[Record]) -> None:
-        rows = _Rows.build(records)
+        rows = BatchRows.build(records, _COLUMNS)
         if rows:
             self._run(lambda: self._write(rows))
 
@@ -257,22 +208,14 @@ class PostgresBackend:
         if conn is not None and not conn.is_closed():
             return conn
         self._conn = None
-        now = self._clock()
-        if now < self._next_attempt:
-            raise SessionLogError(
-                f"{self._last_error} (next connection attempt in {self._next_attempt - now:.0f} s)"
-            )
+        self._reconnect.check()
         try:
             conn = await self._open()
         except Exception as exc:
-            self._failures += 1
-            low, high = self._backoff
-            self._next_attempt = now + min(high, low * 2 ** (self._failures - 1))
-            self._last_error = str(exc)
+            self._reconnect.failed(exc)
             raise
-        self._failures = 0
+        self._reconnect.connected()
         self._conn = conn
-        self.connections += 1
         return conn
 
     def _lost(self, conn: Connection, exc: Exception) -> bool:
@@ -282,7 +225,7 @@ class PostgresBackend:
             OSError | pg.InterfaceError | pg.PostgresConnectionError | pg.OperatorInterventionError,
         )
 
-    async def _write(self, rows: _Rows) -> None:
+    async def _write(self, rows: BatchRows) -> None:
         for attempt in (1, 2):
             fresh = self._conn is None or self._conn.is_closed()
             conn = await self._connection()
@@ -309,7 +252,7 @@ class PostgresBackend:
         conn.terminate()
 
 
-async def _store(conn: Connection, rows: _Rows) -> None:
+async def _store(conn: Connection, rows: BatchRows) -> None:
     async with conn.transaction():
         # Inserts before updates: a session opened and closed in one batch ends complete.
         if rows.opened:
