@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import ssl
 import stat
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -172,4 +173,18 @@ def test_check_config_loads_the_operators_pair_and_makes_no_file(
     config.write_text(f'log = "sqlite:{tmp_path / "sessions.db"}"\n')
     assert main(["check-config", str(config)]) == 0
     assert "client TLS self-signed" in capsys.readouterr().out
+    assert not (tmp_path / KEY_NAME).exists()
+
+
+def test_a_pair_the_child_process_cannot_make_stops_the_start_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the pair is made by a child process (the worker never imports cryptography for it)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with pytest.raises(ConfigError) as refused:
+        server_context(settings_for(tmp_path))
+    said = str(refused.value)
+    assert "the process making a self-signed pair failed" in said
+    assert "set client_tls_cert and client_tls_key" in said
+    assert not (tmp_path / CERT_NAME).exists()
     assert not (tmp_path / KEY_NAME).exists()

@@ -382,3 +382,25 @@ def test_a_refusal_just_after_one_of_ours_ended_counts_it_as_still_open() -> Non
     scheduler.up(KEY, "a", 104)
     scheduler.refused(KEY, "a", 3, 104, True)
     assert _view(scheduler)["limit"] == 1
+
+
+def test_a_refusal_at_our_limit_waits_before_dialling_again_and_keeps_the_limit() -> None:
+    """Refused with as many of ours up (or just ended) as our limit: no count below ours
+    explains it: the MX's connection rate (Postfix says "too many connections" for both),
+    or ones it still counts. Lowering would halve a right limit, dialling again at once
+    hammers the MX (71 rate violations in a real Postfix run): it waits, like a refusal
+    with none of ours up."""
+    scheduler, clock, orders = _scheduler(limit=2)
+    for ticket, conn in ((1, 101), (2, 102)):
+        scheduler.ask(KEY, "a", ticket)
+        scheduler.up(KEY, "a", conn)
+    scheduler.gone(KEY, "a", 101)
+    scheduler.ask(KEY, "a", 3)
+    assert orders[-1] == Take(3, "a", 0)
+    scheduler.up(KEY, "a", 103)
+    scheduler.refused(KEY, "a", 3, 103, True)  # 1 up + 1 just ended = our limit of 2
+    assert len(orders) == 3  # not dialled again at once
+    view = _view(scheduler)
+    assert (view["limit"], view["capacity_refusals"], view["deferrals"]) == (2, 0, {"rate": 1})
+    clock.advance(1.0 + 2 * SLACK)
+    assert orders[3:] == [Take(3, "a", 0)]

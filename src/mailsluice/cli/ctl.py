@@ -14,8 +14,6 @@ import json
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +61,9 @@ class Admin:
             else f"[{self.where.host.strip('[]')}]"
         )
         url = f"http://{host}:{self.where.port}{path}"
+        import urllib.error  # (here: the parser is built for serve too, which never asks)
+        import urllib.request
+
         request = urllib.request.Request(url, data=data, method=method)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")

@@ -14,10 +14,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mailsluice import __version__
 from mailsluice.plugins.build import BuildError
@@ -28,6 +28,9 @@ from mailsluice.settings.config import (
     settings_from_mapping,
 )
 from mailsluice.settings.logplace import NoLogPlace, default_log
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 # -- subcommands of other distributions (the lab) ---------------------------------------
 
@@ -49,6 +52,14 @@ BUILT_IN_COMMANDS = frozenset(
     {"serve", "check-config", "sessions", "transcript", "tlsrpt", "ctl", "top"}
 )
 Command = Callable[[list[str]], int]
+
+
+def entry_points(group: str) -> Sequence[EntryPoint]:
+    """``importlib.metadata.entry_points``, imported when asked: it brings the ``email``
+    package along (about 3 MiB), which ``serve`` never needs (docs/architecture.md)."""
+    from importlib.metadata import entry_points as found_in
+
+    return found_in(group=group)
 
 
 def extra_commands() -> dict[str, EntryPoint]:
@@ -102,7 +113,9 @@ def _session_filter_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls", metavar="yes|no", help="sessions that used TLS (yes) or not (no)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, extras: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser; ``extras=False``: the other distributions' commands
+    are not looked up (``serve``: the lab's are still named, without their metadata)."""
     parser = argparse.ArgumentParser(
         prog="mailsluice", description="Transparent outbound SMTP proxy."
     )
@@ -213,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ctl_parsers(sub)  # ctl, top: the admin API from a terminal
 
-    for name in sorted(set(extra_commands()) | set(LAB_COMMANDS)):
+    for name in sorted(set(extra_commands() if extras else ()) | set(LAB_COMMANDS)):
         if name not in sub.choices:
             what = LAB_COMMANDS.get(name, "a command of another distribution")
             extra = sub.add_parser(name, help=what, add_help=False)
@@ -275,7 +288,7 @@ def _main(argv: list[str]) -> int:
         status = _run_extra(argv[0], argv[1:])
         if status is not None:
             return status
-    args = build_parser().parse_args(argv)
+    args = build_parser(extras=argv[:1] != ["serve"]).parse_args(argv)
     try:
         return _dispatch(args)
     except (ConfigError, BuildError) as exc:

@@ -23,12 +23,12 @@ terminating ``.``. It may live in a spool file (large messages): use :meth:`Filt
 
 from __future__ import annotations
 
-import email
-import email.policy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from email.message import EmailMessage
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the email package is imported at the first parsed view
+    from email.message import EmailMessage
 
 __all__ = [
     "Accept",
@@ -112,6 +112,10 @@ class FilterMessage:
     def email(self) -> EmailMessage:
         """A parsed view (``email.message.EmailMessage``), built on first use."""
         if self._email is None:
+            import email
+            import email.policy
+            from email.message import EmailMessage
+
             parsed = email.message_from_bytes(self.raw(), policy=email.policy.default)
             assert isinstance(parsed, EmailMessage)
             self._email = parsed

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from mailsluice.plugins.api import ENTRY_POINT_GROUP, HOOKS
@@ -42,6 +41,8 @@ def _resolve(use: str) -> Any:
                     f"plugin {use!r}: module {module_name!r} has no attribute {attribute!r}"
                 ) from None
         return target
+    from importlib.metadata import entry_points  # (only for a plugin named by its entry point)
+
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == use]
     if not found:
         known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))

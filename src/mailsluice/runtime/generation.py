@@ -23,20 +23,23 @@ import logging
 import ssl
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.policy import limits
-from mailsluice.runtime.metrics import Metrics
 from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.net.localaddrs import Network, allowed_networks, local_networks
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.tls import client as clienttls
-from mailsluice.runtime.tls.mtasts import MtaSts, cache_path_beside
 from mailsluice.runtime.tls.mx import MxTls
 from mailsluice.runtime.tls.rpt_store import TlsRptStore, store_beside
 from mailsluice.sessionlog import LogWriter
 from mailsluice.settings.config import ALLOW_LOCAL, Settings
 from mailsluice.settings.reloadplan import ReloadPlan
+
+if TYPE_CHECKING:  # imported only when configured: admin_listen; MTA-STS (dnspython, HTTPS)
+    from mailsluice.runtime.metrics import Metrics
+    from mailsluice.runtime.tls.mtasts import MtaSts
 
 __all__ = [
     "FAIR_KEYS", "Parts", "build_parts", "first_generation", "next_generation", "tls_reports",
@@ -97,6 +100,8 @@ def _sts(settings: Settings, running: Parts | None, state: Path | None) -> MtaSt
             tls.resolver, tls.ca_file, tls.mta_sts_port,
         ):  # fmt: skip
             return running.sts
+    from mailsluice.runtime.tls.mtasts import MtaSts, cache_path_beside
+
     return MtaSts(tls, cache_path_beside(state))
 
 

@@ -22,13 +22,6 @@ from pathlib import Path
 
 from mailsluice.plugins.build import build_filter_chain, build_watchers
 from mailsluice.runtime import startup
-from mailsluice.runtime.admin import multiproc
-from mailsluice.runtime.admin.host import (
-    SupervisorMetrics,
-    host_admin,
-    read_token,
-    run_admin_process,
-)
 from mailsluice.runtime.fair.broker import BrokerClient, broker_address, run_broker
 from mailsluice.runtime.fleet.join import fleet_here
 from mailsluice.runtime.process import sdnotify
@@ -121,6 +114,10 @@ def _run(settings: Settings, source: Callable[[], Settings] | None) -> int:
     state = state_path(settings.state_file, settings.log)
     if settings.admin_listen is None:
         return _supervise(settings, state, None, source)
+    # the admin server and its libraries: imported only when configured (docs/architecture.md)
+    from mailsluice.runtime.admin import multiproc
+    from mailsluice.runtime.admin.host import read_token
+
     read_token(settings)  # a bad token file stops us here, before any worker
     path = multiproc.enable(state.parent if state is not None else None)
     try:
@@ -141,19 +138,19 @@ def _supervise(
     fair = settings.fair
     latest = WorkerSettings(settings, source, fair.enabled)
     hangup = latest.check if source is not None else None
-    on_exit = SupervisorMetrics(metrics).exited if metrics is not None else None
     reloadable = source is not None  # (POST /api/reload: SIGHUP to the supervisor)
-    admin = (
-        partial(host_admin, settings, metrics, reloadable=reloadable)
-        if metrics is not None
-        else None
-    )
-    if not fair.enabled:
-        helper = (
-            partial(run_admin_process, settings, metrics, reloadable=reloadable)
-            if metrics is not None
-            else None
+    on_exit = admin = helper = None
+    if metrics is not None:  # (admin_listen: the admin server's modules only then)
+        from mailsluice.runtime.admin.host import (
+            SupervisorMetrics,
+            host_admin,
+            run_admin_process,
         )
+
+        on_exit = SupervisorMetrics(metrics).exited
+        admin = partial(host_admin, settings, metrics, reloadable=reloadable)
+        helper = partial(run_admin_process, settings, metrics, reloadable=reloadable)
+    if not fair.enabled:
         return supervise(
             settings.workers, lambda number: _run_one(latest.worker(), None, latest.read),
             helper, on_exit, hangup=hangup,

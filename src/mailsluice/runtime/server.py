@@ -33,10 +33,9 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mailsluice.plugins.build import build_filter_chain
-from mailsluice.runtime.admin.host import WorkerMetrics, suspensions_of
 from mailsluice.runtime.fair.statefile import StateFile, read_learned
 from mailsluice.runtime.fleet.join import share_penalties
 from mailsluice.runtime.generation import build_parts, first_generation, tls_reports
@@ -50,10 +49,14 @@ from mailsluice.runtime.reload import REFUSALS, ReloadResult, RetiredWriters, pr
 from mailsluice.runtime.services import Services
 from mailsluice.runtime.session.handler import ClientProtocol
 from mailsluice.runtime.sinks import open_sinks
+from mailsluice.runtime.suspensions import suspensions_of
 from mailsluice.runtime.tls.mx import MxTls
 from mailsluice.sessionlog import LogWriter
 from mailsluice.settings.config import Settings
 from mailsluice.settings.logplace import state_path
+
+if TYPE_CHECKING:  # the admin server, prometheus_client, h11: imported with admin_listen
+    from mailsluice.runtime.admin.host import WorkerMetrics
 
 log = logging.getLogger("mailsluice.server")
 
@@ -74,9 +77,11 @@ class Proxy:
         chain = build_filter_chain(settings)  # first: a bad filter stops us before any file
         # metrics (``admin_listen``): served here with one process, by the host's helper
         # process with several (``runtime.admin.host``); a bad token file stops us here
-        self.admin = (
-            WorkerMetrics(settings, serve=settings.workers <= 1) if settings.admin_listen else None
-        )
+        self.admin: WorkerMetrics | None = None
+        if settings.admin_listen:
+            from mailsluice.runtime.admin.host import WorkerMetrics
+
+            self.admin = WorkerMetrics(settings, serve=settings.workers <= 1)
         # the TLS caches and counts are beside the state file (the same for every worker)
         self._tls_state = state_path(settings.state_file, settings.log)
         self._tlsrpt = tls_reports(settings, self._tls_state)

@@ -35,9 +35,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-__all__ = ["KINDS", "FILE_NAME", "Suspension", "SuspensionError", "Suspensions", "Targets"]
+from mailsluice.settings.logplace import state_path
+
+if TYPE_CHECKING:
+    from mailsluice.settings.config import Settings
+
+__all__ = [
+    "KINDS", "FILE_NAME", "Suspension", "SuspensionError", "Suspensions", "Targets",
+    "suspensions_of",
+]  # fmt: skip
 
 log = logging.getLogger("mailsluice.suspensions")
 
@@ -330,3 +338,8 @@ class Suspensions:
     def declines(self, key: tuple[str, str, int], tenant: str) -> str | None:
         """The scheduler's question (``LocalScheduler.operator_pause``)."""
         return self.refusal_text(tenant, key[1], key[2])
+
+
+def suspensions_of(settings: Settings) -> Suspensions:
+    """The suspensions kept beside the state file (every process reads the same)."""
+    return Suspensions.beside(state_path(settings.state_file, settings.log))

@@ -234,8 +234,10 @@ class LocalScheduler:
     def refused(self, key: DestKey, tenant: str, ticket: int, conn: int, capacity: bool) -> None:
         """The new connection ``conn`` of a grant was refused before use (it still counts
         as busy). For capacity (the MX said so, or it refused while others of ours are
-        established: it cannot be down): its limit is what is open, or, with none of ours
-        up, no dial for a while (``_dial_later``). Ours that ended a moment ago
+        established: it cannot be down): its limit is what is open, if that is below ours
+        (``_lower``); else (none of ours up, or as many as our limit) it is the MX's
+        connection rate, or connections it still counts: no dial for a while
+        (``_dial_later``; dialling again at once hammers it). Ours that ended a moment ago
         (``destination.LINGER``) count as open: the MX may not have seen them end. The
         ticket goes back in line, first. Otherwise: ``Failed``."""
         destination = self._get(key)
@@ -246,29 +248,30 @@ class LocalScheduler:
             self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
             self.deliver(key, Failed(ticket))
             return
-        if others <= 0:  # "too many connections" with none of ours up: too many too fast
-            self._dial_later(key, destination)
-        else:  # with those the MX may not have seen end yet (``LINGER``)
-            self._lower(key, destination, others, destination.lingering(self._clock()))
+        ended = destination.lingering(self._clock())  # the MX may not have seen them end
+        if others > 0 and others + ended < destination.share.limit:
+            self._lower(key, destination, others, ended)  # a count below ours: its limit
+        else:  # none of ours up, or no fewer than our limit: too fast, or still counted
+            self._dial_later(key, destination, others, ended)
         self._run(key, destination, self._share(destination).gone(tenant, was="busy"))
         destination.asked[ticket] = self._clock()
         self._run(key, destination, self._share(destination).ask_again(tenant, ticket))
 
-    def _dial_later(self, key: DestKey, destination: Destination) -> None:
-        """A refusal with none of ours up is the MX's connection rate (or connections it
-        still counts): the limit stays, no grant (every one would dial) before the
-        backoff (``learned.DialBackoff``); what waits waits."""
+    def _dial_later(self, key: DestKey, destination: Destination, others: int, ended: int) -> None:
+        """A capacity refusal that no count below our limit explains (``others`` of ours
+        up, ``ended`` just ended) is the MX's connection rate, or connections it still
+        counts: the limit stays, no grant (every one would dial) before the backoff
+        (``learned.DialBackoff``); what waits waits."""
         now = self._clock()
         until = destination.backoff.refused(now)
         destination.pacing.hold(until)
         destination.tally.deferred("rate", now)
+        up = f"{others} of our connections up" if others else "none of our connections up"
+        just = f" (and {ended} that just ended)" if ended else ""
         self._notice(
-            False,
-            "destination %s: refused with none of our connections up (too many too "
-            "fast): no new connection for %.0f s",
-            describe(key),
-            until - now,
-        )
+            False, "destination %s: refused with %s%s (too many too fast, or ones it still "
+            "counts): no new connection for %.0f s", describe(key), up, just, until - now,
+        )  # fmt: skip
 
     def _lower(self, key: DestKey, destination: Destination, others: int, ended: int) -> None:
         """A capacity refusal with ``others`` of ours up and ``ended`` just ended (the MX

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mailsluice.policy.tls.dane import presentation, usable
 from mailsluice.policy.tls.model import (
     Level,
     Policy,
@@ -128,6 +127,9 @@ def _dane(domain: str, mx_ip: str, mx_view: MxView, tlsa_view: TlsaView | None) 
         )
     if not tlsa_view.secure or not tlsa_view.records:
         return None
+    # (here only: dane imports cryptography, which a worker without DANE never loads)
+    from mailsluice.policy.tls.dane import presentation, usable
+
     strings = tuple(presentation(record) for record in tlsa_view.records)
     records = usable(tlsa_view.records)
     if not records:  # RFC 7672 §2.2: TLS, unauthenticated

@@ -5,17 +5,23 @@ drew nothing until it had been open a while. The server samples the same totals 
 overview gives (messages delivered; deferrals: the transactions deferred, by the MX or
 by us, and every 4xx of an MX) every ``STEP`` seconds from its start, keeps the last
 ``SPAN`` seconds of them, and the page draws them at once, then goes on with its own
-polls. A sample is three numbers; 450 of them are what is kept.
+polls. A sample is three numbers; 450 of them are what is kept. A sample that cannot be
+read (with ``--workers``, a worker's metrics file caught while prometheus_client creates
+it: empty, not yet sized) is skipped, never a crash of the process that keeps the chart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
 
 __all__ = ["SPAN", "STEP", "History"]
+
+log = logging.getLogger("mailsluice.admin")
 
 SPAN = 900.0  # seconds kept (15 minutes)
 STEP = 2.0  # seconds between two samples
@@ -30,7 +36,11 @@ class History:
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=int(SPAN / step) + 1)
 
     def sample(self, now: float | None = None) -> None:
-        delivered, deferred = self._totals()
+        try:
+            delivered, deferred = self._totals()
+        except (OSError, ValueError, struct.error) as exc:  # a file being created: next time
+            log.debug("chart: sample skipped: %s: %s", type(exc).__name__, exc)
+            return
         self._samples.append((time.time() if now is None else now, delivered, deferred))
 
     async def run(self) -> None:

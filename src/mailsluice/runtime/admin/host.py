@@ -40,9 +40,8 @@ from mailsluice.runtime.admin.http import AdminServer, Router
 from mailsluice.runtime.admin.routes import Readiness, add_routes
 from mailsluice.runtime.metrics import SAMPLE_EVERY, Metrics
 from mailsluice.runtime.services import Services
-from mailsluice.runtime.suspensions import Suspensions, Targets
+from mailsluice.runtime.suspensions import Targets, suspensions_of
 from mailsluice.settings.config import ConfigError, Settings, check_admin
-from mailsluice.settings.logplace import state_path
 
 __all__ = [
     "SupervisorMetrics",
@@ -104,11 +103,6 @@ def targets_of(settings: Settings) -> Targets:
         sources = (settings.outbound_ip, *sources)
     groups = tuple(group.name for group in fair.tenants)
     return Targets(groups=groups, tenant_of=fair.tenant_of, sources=sources)
-
-
-def suspensions_of(settings: Settings) -> Suspensions:
-    """The suspensions kept beside the state file (every process reads the same)."""
-    return Suspensions.beside(state_path(settings.state_file, settings.log))
 
 
 class WorkerMetrics:

@@ -237,47 +237,49 @@ async def _serve_broker(
     # the operator's suspensions, written by the admin server (``runtime.suspensions``)
     broker.scheduler.operator_pause = Suspensions.beside(state).declines
     extras = contextlib.AsyncExitStack()  # the admin server, here where the scheduler is
-    if admin is not None:
-        await extras.enter_async_context(admin(broker.scheduler))
-    server = await broker.listen(address)
-    writer = None
-    if state is not None:
-        writer = StateFile(state, broker.scheduler.views, broker.decider.learned)
-        writer.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    async with server, asyncio.TaskGroup() as group:
-        resolving = group.create_task(broker.names.run()) if broker.names.needed else None
-        linked = group.create_task(link.run()) if link is not None else None
+    try:  # the admin server closed whatever ends the broker (its error not hidden)
+        if admin is not None:
+            await extras.enter_async_context(admin(broker.scheduler))
+        server = await broker.listen(address)
+        writer = None
+        if state is not None:
+            writer = StateFile(state, broker.scheduler.views, broker.decider.learned)
+            writer.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        async with server, asyncio.TaskGroup() as group:
+            resolving = group.create_task(broker.names.run()) if broker.names.needed else None
+            linked = group.create_task(link.run()) if link is not None else None
 
-        def reload() -> None:
-            nonlocal resolving
-            reloaded = reread is not None and _reconfigure(broker, reread)
-            if reloaded and resolving is None and broker.names.needed:  # host rules, new
-                resolving = group.create_task(broker.names.run())
+            def reload() -> None:
+                nonlocal resolving
+                reloaded = reread is not None and _reconfigure(broker, reread)
+                if reloaded and resolving is None and broker.names.needed:  # host rules, new
+                    resolving = group.create_task(broker.names.run())
 
-        if reread is not None:
-            loop.add_signal_handler(signal.SIGHUP, reload)
-            hangup_ready()  # one sent while the broker started is handled now
-        await stop.wait()
-        # the workers got the same signal and finish their sessions, which may still
-        # need connections: the broker serves until the last has gone (or grace is over)
-        try:
-            async with asyncio.timeout(grace + 10.0):
-                await broker.all_left.wait()
-        except TimeoutError:
-            log.warning("broker: workers still connected after the shutdown grace")
-        if resolving is not None:
-            resolving.cancel()
-        if link is not None and linked is not None:
-            await link.leave()  # the leases go back now, not at their expiry
-            linked.cancel()
-    broker.scheduler.close()
-    if writer is not None:
-        writer.stop()
-    await extras.aclose()
+            if reread is not None:
+                loop.add_signal_handler(signal.SIGHUP, reload)
+                hangup_ready()  # one sent while the broker started is handled now
+            await stop.wait()
+            # the workers got the same signal and finish their sessions, which may still
+            # need connections: the broker serves until the last has gone (or grace is over)
+            try:
+                async with asyncio.timeout(grace + 10.0):
+                    await broker.all_left.wait()
+            except TimeoutError:
+                log.warning("broker: workers still connected after the shutdown grace")
+            if resolving is not None:
+                resolving.cancel()
+            if link is not None and linked is not None:
+                await link.leave()  # the leases go back now, not at their expiry
+                linked.cancel()
+        broker.scheduler.close()
+        if writer is not None:
+            writer.stop()
+    finally:
+        await extras.aclose()
 
 
 def _reconfigure(broker: Broker, reread: Callable[[], FairSettings]) -> bool:

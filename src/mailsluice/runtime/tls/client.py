@@ -18,7 +18,9 @@ is created with mode 0600 (never readable by others, not even for a moment), bot
 are written under a lock and renamed into place, so concurrent starts agree on one pair.
 With no such directory (the log is not a file and ``state_file`` is unset) a throw-away
 pair is made for this process and said so. A pair that cannot be read stops the start
-with an error that names the key and the fix (``ConfigError``).
+with an error that names the key and the fix (``ConfigError``). The pair is made by a
+short-lived child process (``python -c``, :func:`make_pair_child`): ``cryptography``
+would stay in the worker for good (about 10 MiB resident) for a few milliseconds of use.
 """
 
 from __future__ import annotations
@@ -29,14 +31,11 @@ import fcntl
 import logging
 import os
 import ssl
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mailsluice.settings.config import ConfigError, Settings
 from mailsluice.settings.logplace import state_path
@@ -48,6 +47,7 @@ __all__ = [
     "build_context",
     "check",
     "pair_directory",
+    "make_pair_child",
     "self_signed_pair",
     "server_context",
 ]
@@ -197,8 +197,50 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
+_PAIR_TIMEOUT = 60.0  # seconds the child making a pair may take
+_CHILD = "from mailsluice.runtime.tls.client import make_pair_child; make_pair_child()"
+
+
 def _make_pair(hostname: str) -> tuple[bytes, bytes]:
+    """``_pair_pem(hostname)``, made by a child process (the worker never imports
+    ``cryptography`` for it); ``ConfigError`` when the child fails."""
+    package_root = str(Path(__file__).resolve().parents[3])  # (the child finds this mailsluice)
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root, path)))}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, hostname],
+            capture_output=True, env=env, timeout=_PAIR_TIMEOUT, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failure = str(exc)
+    else:
+        key_pem, _, cert_pem = done.stdout.partition(b"\0")
+        if done.returncode == 0 and key_pem and cert_pem:
+            return key_pem, cert_pem
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        failure = said[-1] if said else f"it exited with status {done.returncode}"
+    raise ConfigError(
+        f"client_tls_cert and client_tls_key are unset, and the process making a self-signed "
+        f"pair failed ({failure}): set client_tls_cert and client_tls_key, or check that "
+        f"{sys.executable} can import mailsluice and cryptography"
+    )
+
+
+def make_pair_child() -> None:
+    """The child of ``_make_pair``: the pair for ``sys.argv[1]`` on stdout (key NUL cert)."""
+    key_pem, cert_pem = _pair_pem(sys.argv[1])
+    sys.stdout.buffer.write(key_pem + b"\0" + cert_pem)
+    sys.stdout.buffer.flush()
+
+
+def _pair_pem(hostname: str) -> tuple[bytes, bytes]:
     """A P-256 key and a self-signed server certificate for ``hostname`` (PEM)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname[:64] or "mailsluice")])
     now = dt.datetime.now(dt.UTC)

@@ -5,6 +5,9 @@ not verify. Afterwards the chain the MX presented is checked against the trust s
 (``cryptography``'s X.509 verifier) and the result is recorded. The host name is not
 checked: in transparent mode only the destination IP is known (MTA-STS/DANE, which
 supply the name, come later).
+
+``cryptography`` (about 10 MiB resident) is imported at the first verification, and the
+trust store read then: a worker that never starts TLS with an MX never loads either.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import ssl
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography import x509
-from cryptography.x509 import verification as xv
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.x509 import verification as xv
 
 SYSTEM_CA_FILE = "/etc/ssl/certs/ca-certificates.crt"
 _ENCODING_DER = 2  # _ssl.ENCODING_DER: the Certificate.public_bytes() format (1 is PEM)
@@ -35,6 +39,8 @@ def load_roots(ca_file: str | None) -> list[x509.Certificate]:
     """The PEM certificates of ``ca_file`` (none: no file, unreadable, or no certificate)."""
     if not ca_file:
         return []
+    from cryptography import x509
+
     try:
         with open(ca_file, "rb") as handle, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # old roots with odd serial numbers
@@ -47,8 +53,18 @@ class ChainVerifier:
     """Verify a presented chain against trusted roots (no host name check)."""
 
     def __init__(self, ca_file: str | None = SYSTEM_CA_FILE) -> None:
-        roots = load_roots(ca_file)
-        self._store = xv.Store(roots) if roots else None
+        self._ca_file = ca_file
+        self._loaded = False  # the roots are read at the first verification
+        self._store: xv.Store | None = None
+
+    def _trusted(self) -> xv.Store | None:
+        if not self._loaded:
+            from cryptography.x509 import verification as xv
+
+            roots = load_roots(self._ca_file)
+            self._store = xv.Store(roots) if roots else None
+            self._loaded = True
+        return self._store
 
     def verify(self, ssl_object: Any) -> bool:
         """True when the peer's chain leads to a trusted root and is valid now."""
@@ -58,8 +74,12 @@ class ChainVerifier:
 
     def verify_chain(self, ders: tuple[bytes, ...]) -> bool:
         """``verify`` for a chain already read (DER, leaf first): a resumed session's."""
-        if self._store is None:
+        store = self._trusted()
+        if store is None:
             return False
+        from cryptography import x509
+        from cryptography.x509 import verification as xv
+
         try:
             chain = [x509.load_der_x509_certificate(der) for der in ders]
         except Exception:  # a chain we cannot read is simply not verified
@@ -70,7 +90,7 @@ class ChainVerifier:
         subject = _subject_of(leaf)
         if subject is None:
             return False
-        builder = xv.PolicyBuilder().store(self._store).time(dt.datetime.now(dt.UTC))
+        builder = xv.PolicyBuilder().store(store).time(dt.datetime.now(dt.UTC))
         try:
             builder.build_server_verifier(subject).verify(leaf, intermediates)
         except (xv.VerificationError, ValueError):
@@ -96,6 +116,8 @@ def _unverified_chain(ssl_object: Any) -> list[bytes]:
 
 
 def _subject_of(leaf: x509.Certificate) -> x509.DNSName | None:
+    from cryptography import x509
+
     try:
         san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:

@@ -14,19 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol
-
-from cryptography.x509.verification import Store
+from typing import TYPE_CHECKING, Protocol
 
 from mailsluice.policy.tls.model import Policy, Result, TlsFacts, Verdict
 from mailsluice.relay.events import TlsPolicyChecked
 from mailsluice.smtp.replies import Reply
 
+if TYPE_CHECKING:  # cryptography is imported where TLS is checked (policy.tls.check)
+    from cryptography.x509.verification import Store
+
 __all__ = ["PolicySource", "ResultLog", "TlsGate", "refusal"]
 
 log = logging.getLogger("mailsluice.tls")
 
-Checker = Callable[[Policy, TlsFacts, Store | None, float], Verdict]  # now: POSIX time
+Checker = Callable[[Policy, TlsFacts, "Store | None", float], Verdict]  # now: POSIX time
 
 
 class PolicySource(Protocol):

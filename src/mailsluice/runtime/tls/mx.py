@@ -18,7 +18,6 @@ pure ``policy.tls.check``, the trust anchors, and the TLS report's store.
 
 from __future__ import annotations
 
-from mailsluice.policy.tls.check import check
 from mailsluice.policy.tls.model import Level
 from mailsluice.policy.tls.rules import rule_for
 from mailsluice.runtime.tls.gate import ResultLog, TlsGate
@@ -57,6 +56,8 @@ class MxTls:
         )
         self.gate: TlsGate | None = None
         if needs:
+            from mailsluice.policy.tls.check import check  # (cryptography: only when checked)
+
             anchors = load_anchors(settings.ca_file)
             self.gate = TlsGate(self.policies, check, anchors, results, hostname=hostname)
 

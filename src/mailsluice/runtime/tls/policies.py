@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import Protocol, TypeVar
-
-from cryptography.x509 import verification as xv
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mailsluice.policy.tls.decide import MxView, TlsaView, decide
 from mailsluice.policy.tls.model import (
@@ -32,8 +30,10 @@ from mailsluice.policy.tls.model import (
 )
 from mailsluice.policy.tls.rules import parse_ip, rule_for, rule_matches
 from mailsluice.runtime.tls.contexts import SYSTEM_CA_FILE, load_roots
-from mailsluice.runtime.tls.dns import TlsDns
 from mailsluice.settings.tls import TlsSettings
+
+if TYPE_CHECKING:  # imported when used: no DNS, no checks, neither is loaded
+    from cryptography.x509 import verification as xv
 
 __all__ = ["DnsViews", "NoDns", "NoSts", "StsSource", "TlsPolicyService", "load_anchors"]
 
@@ -75,6 +75,8 @@ class NoSts:
 def load_anchors(ca_file: str | None) -> xv.Store | None:
     """The trust anchors for ``verify``/``secure``/MTA-STS: the PEM roots of ``ca_file``
     (None: the system's bundle). None when there is none to load."""
+    from cryptography.x509 import verification as xv
+
     roots = load_roots(ca_file or SYSTEM_CA_FILE)
     return xv.Store(roots) if roots else None
 
@@ -95,9 +97,11 @@ class TlsPolicyService:
     ) -> None:
         self._settings = settings
         self._sts: StsSource = sts if sts is not None and settings.mta_sts else NoSts()
-        self._dns: DnsViews = (
-            dns if dns is not None else TlsDns(settings.resolver, settings.trust_ad)
-        )
+        if dns is None:
+            from mailsluice.runtime.tls.dns import TlsDns  # (dnspython: only with a resolver)
+
+            dns = TlsDns(settings.resolver, settings.trust_ad)
+        self._dns: DnsViews = dns
         self._policy_ttl = policy_ttl
         self._defer_ttl = defer_ttl
         self._max = max_entries

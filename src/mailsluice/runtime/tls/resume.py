@@ -41,8 +41,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cryptography import x509
-
 __all__ = ["HandshakeContext", "Remembered", "ResumeKey", "Resumption", "SessionCache", "Verdict"]
 
 DEFAULT_CAPACITY = 2048
@@ -82,6 +80,8 @@ class Verdict:
 
     @classmethod
     def of(cls, verified: bool, verifier: object, chain: tuple[bytes, ...]) -> Verdict:
+        from cryptography import x509  # (lazily: a worker without TLS to an MX never needs it)
+
         try:
             until = min(
                 x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp() for der in chain
