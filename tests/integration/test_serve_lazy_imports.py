@@ -14,16 +14,14 @@ import asyncio
 import os
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mailsluice_lab.peers.mx import ScriptedMX
-from mailsluice_lab.processes import free_port
+from mailsluice_lab.processes import free_port, wait_for_greeting
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -64,20 +62,6 @@ runpy.run_module("mailsluice", run_name="__main__", alter_sys=True)
 """
 
 
-def _greeted(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"mailsluice serve exited with {proc.returncode}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.settimeout(5)
-                if sock.recv(100).startswith(b"220"):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("mailsluice serve did not start listening")
-
-
 def _send(port: int) -> None:
     with smtplib.SMTP("127.0.0.1", port, local_hostname="msa.test", timeout=10) as smtp:
         smtp.sendmail("alice@example.net", ["bob@example.org"], "Subject: hi\r\n\r\nhello\r\n")
@@ -99,7 +83,7 @@ async def _modules_of_a_default_worker(home: Path) -> list[str]:
                 "--log", f"sqlite:{home / 'sessions.db'}"]  # fmt: skip
         proc = _serve(argv, home, {**os.environ, "MODULES_OUT": str(out)})
         try:
-            await asyncio.to_thread(_greeted, port, proc)
+            await asyncio.to_thread(wait_for_greeting, port, proc, 60.0)
             await asyncio.to_thread(_send, port)
             await mx.ledger.wait_for(1, timeout=10)
         finally:

@@ -6,31 +6,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from mailsluice_lab.peers.mx import ScriptedMX
-from mailsluice_lab.processes import free_port
+from mailsluice_lab.processes import free_port, wait_for_greeting
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def _greeted(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"mailsluice serve exited with {proc.returncode}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.settimeout(5)
-                if sock.recv(100).startswith(b"220"):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("mailsluice serve did not start listening")
 
 
 def _send(port: int) -> None:
@@ -51,7 +35,7 @@ async def _serve_and_send(*flags: str) -> str:
                 "--upstream", f"{mx.host}:{mx.port}", "--log", "none:", *flags]  # fmt: skip
         proc = _serve(argv)
         try:
-            await asyncio.to_thread(_greeted, port, proc)
+            await asyncio.to_thread(wait_for_greeting, port, proc)
             await asyncio.to_thread(_send, port)
             await mx.ledger.wait_for(1, timeout=10)
         finally:

@@ -14,7 +14,6 @@ import asyncio
 import os
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
 import time
@@ -24,23 +23,9 @@ import pytest
 
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice_lab.peers.mx import ScriptedMX
-from mailsluice_lab.processes import free_port
+from mailsluice_lab.processes import free_port, wait_for_greeting
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def _wait_for_greeting(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"mailsluice serve exited with {proc.returncode}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.settimeout(5)
-                if sock.recv(100).startswith(b"220"):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("mailsluice serve did not start listening")
 
 
 def _start(command: list[str]) -> subprocess.Popen[bytes]:
@@ -80,7 +65,7 @@ async def test_sighup_to_the_process_group_leaves_the_proxy_serving(
                    "--log", f"sqlite:{log}"]  # fmt: skip
         proc = _start(command)
         try:
-            await asyncio.to_thread(_wait_for_greeting, port, proc, 20.0)
+            await asyncio.to_thread(wait_for_greeting, port, proc, 20.0)
             await asyncio.to_thread(_send, port, 1)
             # supervisor and fair-sharing broker (with workers), workers, their log
             # writers: all started

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,24 @@ def free_port(host: str = LOOPBACK) -> int:
             _handed_out.add(port)
             return port
     raise LabError(f"no free TCP port on {host} that this process was not given already")
+
+
+def wait_for_greeting(
+    port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0, host: str = LOOPBACK
+) -> None:
+    """Until a server started as ``proc`` greets (220) on ``port``; fails if it exits first
+    or does not greet within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{proc.args!r} exited with {proc.returncode}"
+        try:
+            with socket.create_connection((host, port), timeout=1) as sock:
+                sock.settimeout(5)
+                if sock.recv(100).startswith(b"220"):
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{proc.args!r} did not greet on port {port} in {timeout:.0f} s")
 
 
 def log_tail(path: Path, limit: int = 600) -> str:
