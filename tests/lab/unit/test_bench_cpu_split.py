@@ -32,6 +32,14 @@ def test_one_worker_and_its_log_writer() -> None:
     assert cpusplit.roles(samples, 10, mailsluice=True) == {10: "worker", 11: "log-writer"}
 
 
+def test_the_tls_pair_maker_is_neither_a_worker_nor_makes_the_root_a_supervisor() -> None:
+    maker = "/usr/bin/python3 -c from mailsluice.runtime.tls.client import make_pair_child"
+    samples = [proc(10, 1), proc(11, 10, LOG), proc(12, 10, maker)]
+    assert cpusplit.roles(samples, 10, mailsluice=True) == {
+        10: "worker", 11: "log-writer", 12: "tls-pair"
+    }  # fmt: skip
+
+
 def test_workers_under_a_supervisor_with_the_broker_started_first() -> None:
     samples = [
         proc(10, 1),

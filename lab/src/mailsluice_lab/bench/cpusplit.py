@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG_WRITER_MODULE = "mailsluice.sessionlog.child"
+# the short-lived child that makes the client leg's self-signed pair at a first start
+# (runtime.tls.client: cryptography stays out of the worker): neither a worker nor the broker
+TLS_PAIR_MAKER = "make_pair_child"
+TLS_PAIR = "tls-pair"
 LOG_WRITER, WORKER, SUPERVISOR, BROKER = "log-writer", "worker", "supervisor", "broker"
 MAILSLUICE_ROLES = (WORKER, LOG_WRITER, SUPERVISOR, BROKER)
 
@@ -50,6 +54,7 @@ def roles(
     if not mailsluice:
         return {pid: s.name for pid, s in procs.items()}
     out = {pid: LOG_WRITER for pid, s in procs.items() if LOG_WRITER_MODULE in s.cmdline}
+    out |= {pid: TLS_PAIR for pid, s in procs.items() if TLS_PAIR_MAKER in s.cmdline}
     forked = sorted(
         (s for s in procs.values() if s.ppid == root and s.pid not in out),
         key=lambda s: (s.started, s.pid),
