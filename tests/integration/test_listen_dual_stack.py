@@ -15,7 +15,6 @@ import smtplib
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from mailsluice.runtime.server import Proxy
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice.settings.config import HostPort, Settings
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import wait_for_greeting
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -58,20 +58,6 @@ def _port_free_on_both() -> int:
 def _send(host: str, port: int, tag: str) -> None:
     with smtplib.SMTP(host, port, local_hostname="msa.test", timeout=10) as smtp:
         smtp.sendmail(f"{tag}@msa.test", ["rcpt@mx.test"], f"Subject: {tag}\r\n\r\nbody\r\n")
-
-
-def _wait_for_greeting(host: str, port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"mailsluice serve exited with {proc.returncode}"
-        try:
-            with socket.create_connection((host, port), timeout=1) as sock:
-                sock.settimeout(5)
-                if sock.recv(100).startswith(b"220"):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"mailsluice serve did not listen on {host} port {port}")
 
 
 def _serve(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -115,7 +101,7 @@ async def test_serve_listens_on_both_families_on_one_port(tmp_path: Path, form: 
         proc = _serve(argv)
         try:
             for host in ("127.0.0.1", "::1"):
-                await asyncio.to_thread(_wait_for_greeting, host, port, proc)
+                await asyncio.to_thread(wait_for_greeting, port, proc, 20.0, host)
                 await asyncio.to_thread(_send, host, port, "v6" if ":" in host else "v4")
             await mx.ledger.wait_for(2, timeout=10)
         finally:
