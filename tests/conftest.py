@@ -80,6 +80,14 @@ def _collect_garbage_after_each_test(request: pytest.FixtureRequest) -> Iterator
         gc.collect()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What exists once the tests are collected (the modules, their constants) lives to the
+    end: frozen out of the collector's way, the collection after each test walks only what
+    the tests made since (about 35 ms a test before, a minute of the suite)."""
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``swaps_code`` tests replace a method or function of code mypyc compiles (a spy, a
     planted fault): compiled code calls its own code directly, so the swap reaches nothing.

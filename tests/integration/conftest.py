@@ -52,6 +52,10 @@ def proxy_factory(tmp_path: Path) -> ProxyFactory:
             # in the product) is given explicitly by its tests (test_proxy_fair*.py)
             fair=fair if fair is not None else FairSettings(enabled=False),
             tls=TlsSettings(client_tls=False),
+            # the log from a thread of this process: a writer process per test is an
+            # interpreter's start (~0.15 s) that every test's end waits for; the writer
+            # process has its own tests (test_log_process*.py, every test of ``serve``)
+            log_process=False,
         )
         if settings:
             config = replace(config, **settings)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import ssl
 from collections.abc import AsyncIterator
 
@@ -48,13 +47,6 @@ IDLE = "421 4.4.2 mailsluice Error: timeout exceeded"
 FLOOD = "421 4.7.0 mailsluice Error: line too long"
 TOO_MANY = "421 4.7.0 mailsluice Error: too many errors"
 QUICK = {**FAST_TIMEOUTS, "client_idle": 0.3, "client_data": 0.3}
-
-
-@pytest.fixture
-def proxy_factory(proxy_factory):
-    """The conftest factory with the log written from a thread (``log_process = false``): the
-    log child process costs ~0.2 s per proxy to stop, and these tests are about the relay."""
-    return functools.partial(proxy_factory, settings={"log_process": False})
 
 
 @contextlib.asynccontextmanager
