@@ -11,7 +11,8 @@ sharing) and the handler's own (``SessionServices``: the relay's settings, the s
 log, the filter chain and its settings, the client leg's TLS, the registry of live
 connections). A role carries values, never the whole ``Settings``: each part reads only
 what it uses. Each part imports only its role, never the server that builds it, so the
-runtime has no import cycle and a part's tests can hand it a fake of its role.
+runtime has no import cycle and a part's tests can hand it a fake of its role
+(``tests/unit/test_handler_on_fakes.py``: the whole handler on fakes).
 
 ``Services`` is the proxy's: it composes ``net.admission.Admission``, the TLS memory, the
 log writer and the pool, each kept to its own job.
