@@ -20,7 +20,7 @@ from tests.integration.proxy_helpers import (
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
-from mailsluice.runtime.session import mxleg
+from mailsluice.runtime.services import Services
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_dial = mxleg.dial
+    real_dial = Services.dial
     calls = 0
 
     async def dial_once_broken(*args: Any, **kwargs: Any) -> asyncio.Transport:
@@ -41,7 +41,7 @@ async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
             raise RuntimeError("a bug in the dialler")
         return await real_dial(*args, **kwargs)
 
-    monkeypatch.setattr(mxleg, "dial", dial_once_broken)
+    monkeypatch.setattr(Services, "dial", staticmethod(dial_once_broken))
     async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         async with await connect(proxy) as client:
             first = await outcome(client)
@@ -66,7 +66,7 @@ async def test_a_failure_after_the_client_left_is_not_reported_as_ours(
         await client_gone.wait()
         raise RuntimeError("late failure")
 
-    monkeypatch.setattr(mxleg, "dial", dial_failing_late)
+    monkeypatch.setattr(Services, "dial", staticmethod(dial_failing_late))
     async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         client = await connect(proxy)
         client.close()

@@ -21,7 +21,7 @@ from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
 
 from mailsluice.runtime.net import origdst
 from mailsluice.runtime.server import Proxy
-from mailsluice.runtime.session import mxleg
+from mailsluice.runtime.services import Services
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 
@@ -95,7 +95,7 @@ async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
     async def no_descriptors(*args: object, **kwargs: object) -> asyncio.Transport:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
-    monkeypatch.setattr(mxleg, "dial", no_descriptors)
+    monkeypatch.setattr(Services, "dial", staticmethod(no_descriptors))
     async with (
         ScriptedMX() as mx,
         proxy_factory(mx.address) as proxy,

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.config import RelayConfig
-from mailsluice.runtime.services import OpeningServices
+from mailsluice.runtime.services import MxDialling, OpeningServices
 from mailsluice.runtime.session.opening import open_session
 from mailsluice.runtime.session.sides import Side
 from mailsluice.settings.config import Settings
@@ -37,7 +37,9 @@ class _Services:
     """The opening's role, faked: a route that works or fails, admission that says yes."""
 
     def __init__(self, route_error: OSError | None = None) -> None:
-        self.settings = Settings()
+        self.dialling = MxDialling.of(Settings())
+        self.transparent = True
+        self.deferral_rules = Settings().fair.deferral_rules
         self.relay_config = RelayConfig()
         self.destinations = None
         self.sources = _Sources()

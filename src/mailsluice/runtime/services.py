@@ -1,14 +1,18 @@
 """What a connection needs from the running proxy: one small interface, and its maker.
 
 ``ConnectionServices`` is what a connection uses, as the roles its parts play: the MX leg's
-(``MxServices``: the dial's settings and registry of outbound pairs, the pool of idle MX
-connections, the TLS state toward MXes: the context, the chain verifier, the sessions kept
-for resumption, the MX host name for SNI), the opening's (``OpeningServices``: where a
-connection goes, ``route``, whether it may, ``admit``, its session id, tenant and source
-address, fair sharing) and the handler's own (``SessionServices``: the relay's settings,
-the session log, the filter chain, the client leg's TLS, the registry of live
-connections). Each part imports only its role, never the server that builds it, so the
-runtime has no import cycle and a part's tests can hand it a fake of its role.
+(``MxServices``: the dial, its values (``MxDialling``: the source address, the connect and
+handshake timeouts) and its registry of outbound pairs, the pool of idle MX connections,
+the TLS state toward MXes: the context, the chain verifier, the sessions kept for
+resumption, the MX host name for SNI), the opening's (``OpeningServices``: where a
+connection goes, ``route``, and whether that needs its socket, ``transparent``, whether it
+may, ``admit``, its session id, tenant and source address, the deferral rules, fair
+sharing) and the handler's own (``SessionServices``: the relay's settings, the session
+log, the filter chain and its settings, the client leg's TLS, the registry of live
+connections). A role carries values, never the whole ``Settings``: each part reads only
+what it uses. Each part imports only its role, never the server that builds it, so the
+runtime has no import cycle and a part's tests can hand it a fake of its role
+(``tests/unit/test_handler_on_fakes.py``: the whole handler on fakes).
 
 ``Services`` is the proxy's: it composes ``net.admission.Admission``, the TLS memory, the
 log writer and the pool, each kept to its own job.
@@ -30,11 +34,12 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from mailsluice.filtering.chain import FilterChain
+from mailsluice.policy.deferrals import Rule
 from mailsluice.policy.tls_memory import TlsFailureMemory
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.records import Record
@@ -42,6 +47,7 @@ from mailsluice.runtime.fair.destinations import Destinations
 from mailsluice.runtime.fair.pool import UpstreamPool
 from mailsluice.runtime.fleet.join import join
 from mailsluice.runtime.net.admission import Admission, Outbound
+from mailsluice.runtime.net.dialer import Register, dial
 from mailsluice.runtime.net.origdst import original_destination
 from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.suspensions import Suspensions
@@ -52,6 +58,7 @@ from mailsluice.runtime.tls.rpt_count import TlsRptCounter
 from mailsluice.runtime.verbose import verbose_tee
 from mailsluice.sessionlog import LogWriter
 from mailsluice.settings.config import Settings
+from mailsluice.settings.filters import FilteringSettings
 from mailsluice.settings.fleet import default_gateway_name
 from mailsluice.smtp.replies import Reply
 
@@ -62,9 +69,23 @@ if TYPE_CHECKING:
     from mailsluice.runtime.metrics import Metrics
 
 __all__ = [
-    "ConnectionServices", "MxServices", "OpeningServices", "Registered", "Services",
-    "SessionServices",
+    "ConnectionServices", "MxDialling", "MxServices", "OpeningServices", "Registered",
+    "Services", "SessionServices",
 ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class MxDialling:
+    """What the MX leg dials with (a generation's, from its settings)."""
+
+    outbound_ip: str | None  # the source address (None: the kernel's choice)
+    connect_timeout: float  # the TCP connect (the relay's ``timeouts.connect``)
+    handshake_timeout: float  # the STARTTLS handshake toward the MX (``timeouts.helo``)
+
+    @classmethod
+    def of(cls, settings: Settings) -> MxDialling:
+        timeouts = settings.relay.timeouts
+        return cls(settings.outbound_ip, timeouts.connect, timeouts.helo)
 
 
 class Registered(Protocol):
@@ -80,10 +101,10 @@ class Registered(Protocol):
 
 
 class MxServices(Protocol):
-    """What a connection's MX leg uses (``session.mxleg``): the dial's settings and its
+    """What a connection's MX leg uses (``session.mxleg``): the dial, its values and its
     registry of outbound pairs, the pool of idle connections, the TLS state toward MXes."""
 
-    settings: Settings
+    dialling: MxDialling
     metrics: Metrics | None  # the Prometheus metrics (None: off)
     pool: UpstreamPool | None
     tls_context: ssl.SSLContext
@@ -93,6 +114,19 @@ class MxServices(Protocol):
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def dial(
+        self,
+        host: str,
+        port: int,
+        *,
+        source_ip: str | None,
+        timeout: float,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        register: Register,
+    ) -> Awaitable[asyncio.Transport]:
+        """Connect (``net.dialer.dial``): the transport, or OSError or TimeoutError."""
+        ...
 
     def tls_name_for(self, destination_ip: str) -> str | None: ...
 
@@ -107,6 +141,8 @@ class OpeningServices(MxServices, Protocol):
     tenant, its source address, its place under fair sharing, TLS on both legs."""
 
     relay_config: RelayConfig  # the relay's settings, with what fair sharing adds
+    transparent: bool  # ``route`` reads the client's socket (no fixed ``upstream``)
+    deferral_rules: tuple[Rule, ...]  # how the MX's deferrals are read (the operator's first)
     destinations: Destinations | None  # fair sharing (None: off)
     sources: SourceSelector  # which outbound address a connection leaves from
     client_tls_context: ssl.SSLContext | None  # the client leg's STARTTLS (None: not offered)
@@ -128,15 +164,15 @@ class OpeningServices(MxServices, Protocol):
 
 class SessionServices(Protocol):
     """What the connection's handler itself uses (``session.handler``): its relay's
-    settings, where the relay's records go, the filter chain, the client leg's TLS, the
-    TLS failure memory, the registry of live connections."""
+    settings, where the relay's records go, the filter chain and its settings, the client
+    leg's TLS, the TLS failure memory, the registry of live connections."""
 
-    settings: Settings
     relay_config: RelayConfig
     # where the relay's log records go: the log writer's ``submit``, or with metrics on
     # (``runtime.metrics``) a tee that also counts them
     submit_record: Callable[[Record], None]
     filter_chain: FilterChain | None
+    filtering: FilteringSettings  # filter mode's spool and failure reply
     client_tls_context: ssl.SSLContext | None
 
     @property
@@ -207,6 +243,8 @@ class _Registry:
 
 class Services:
     """The proxy's services for its connections (one per worker)."""
+
+    dial = staticmethod(dial)  # the MX leg's (``MxServices.dial``)
 
     def __init__(
         self,
@@ -283,6 +321,11 @@ class Services:
     ) -> None:
         """What is a generation's own (the first one's, and each ``renewed``'s)."""
         self.settings, self.log_writer = settings, log_writer
+        # the values the roles carry (``MxServices``, ``OpeningServices``, ``SessionServices``)
+        self.dialling = MxDialling.of(settings)
+        self.transparent = settings.upstream is None
+        self.deferral_rules = settings.fair.deferral_rules
+        self.filtering = settings.filtering
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.mx_tls, self.client_tls_context = mx_tls, client_tls_context
         # the records go to this generation's writer (and counted, and said with -v)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from mailsluice.filtering.api import ClientInfo, Envelope
 from mailsluice.filtering.chain import FilterChain, Outcome
@@ -25,10 +24,7 @@ from mailsluice.filtering.splice import Spliced
 from mailsluice.filtering.spool import MessageSpool
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
-from mailsluice.settings.filters import MAX_FILTER_TIMEOUT
-
-if TYPE_CHECKING:
-    from mailsluice.settings.config import Settings
+from mailsluice.settings.filters import MAX_FILTER_TIMEOUT, FilteringSettings
 
 __all__ = ["FilterDriver", "FilterJob", "send_message"]
 
@@ -109,12 +105,20 @@ async def send_message(
 
 
 class FilterDriver:
-    """A session's filter-mode state: the current job, and the chain run it may cancel."""
+    """A session's filter-mode state: the current job, and the chain run it may cancel.
+    ``filtering`` says where the spool goes and the reply when the filters fail;
+    ``size_limit`` is the relay's message size limit (the spool's cap is just over it)."""
 
     def __init__(
-        self, settings: Settings, chain: FilterChain | None, *, writable: bool = True
+        self,
+        filtering: FilteringSettings,
+        size_limit: int,
+        chain: FilterChain | None,
+        *,
+        writable: bool = True,
     ) -> None:
-        self._settings = settings
+        self._filtering = filtering
+        self._size_limit = size_limit
         self._writable = asyncio.Event()  # the MX's write buffer has room
         if writable:
             self._writable.set()
@@ -127,10 +131,10 @@ class FilterDriver:
     def spool(self, data: bytes) -> None:
         job = self._job
         if job is None:
-            filtering = self._settings.filtering
+            filtering = self._filtering
             job = self._job = FilterJob(
                 memory_limit=filtering.memory_limit,
-                size_limit=self._settings.relay.message_size_limit + SPOOL_SLACK,
+                size_limit=self._size_limit + SPOOL_SLACK,
                 spool_dir=filtering.spool_dir,
             )
         job.add(data)
@@ -177,9 +181,9 @@ class FilterDriver:
                 return None
             log.warning(
                 "session %s: the filters took more than %g s in all; %d %s",
-                client.session_id, self._budget, *self._settings.filtering.failure_reply,
+                client.session_id, self._budget, *self._filtering.failure_reply,
             )  # fmt: skip
-            return ev.FilterDecided(self._settings.filtering.failure_reply, "filter chain")
+            return ev.FilterDecided(self._filtering.failure_reply, "filter chain")
         finally:
             self._scope = None
 

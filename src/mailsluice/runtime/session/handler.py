@@ -440,8 +440,9 @@ class ConnectionHandler:
         if self._filters is None:
             services = self._services
             self._filters = FilterDriver(
-                services.settings, services.filter_chain, writable=not self._flow.server_blocked
-            )
+                services.filtering, services.relay_config.message_size_limit,
+                services.filter_chain, writable=not self._flow.server_blocked,
+            )  # fmt: skip
         return self._filters
 
     def _teardown(self) -> None:

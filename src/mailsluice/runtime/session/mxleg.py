@@ -4,11 +4,11 @@
 handler owns it in turn and hears from it through ``feed`` (a relay event) and the
 transport's protocol (``sides.Side``, made by ``protocol``):
 
-* ``connect`` dials (``net.dialer.dial``: bound to ``source``, the outbound address chosen
-  for the connection (``runtime.sources``), within the connect timeout) and registers
-  the address pair the moment ``connect()`` has chosen the source port, before this
-  loop can accept anything: a redirect of our own connection back to us is then
-  refused as a loop, deterministically (``net.admission``);
+* ``connect`` dials (``services.dial``, which is ``net.dialer.dial``: bound to ``source``,
+  the outbound address chosen for the connection (``runtime.sources``), within the
+  connect timeout) and registers the address pair the moment ``connect()`` has chosen
+  the source port, before this loop can accept anything: a redirect of our own
+  connection back to us is then refused as a loop, deterministically (``net.admission``);
 * ``start_tls_by_policy`` runs it with what the MX leg's TLS policy knows of the
   address (SNI, profile); ``check_policy`` answers the relay's per-domain TLS policy
   check on this connection's facts (``tls.gate``);
@@ -39,7 +39,7 @@ from mailsluice.runtime import errors
 from mailsluice.runtime.fair.destinations import Hold, Idle
 from mailsluice.runtime.fair.pool import Pooled, PoolKey
 from mailsluice.runtime.net.admission import Outbound
-from mailsluice.runtime.net.dialer import dial, plain_host
+from mailsluice.runtime.net.dialer import plain_host
 from mailsluice.runtime.services import MxServices
 from mailsluice.runtime.session.sides import Side, format_address
 from mailsluice.runtime.tls.contexts import peer_chain
@@ -98,7 +98,7 @@ class MxLeg:
     ) -> None:
         self._services = services
         self.destination = destination
-        outbound_ip = services.settings.outbound_ip
+        outbound_ip = services.dialling.outbound_ip
         # the address it dials from (None: the kernel's choice); the handler may choose
         # another one (``runtime.sources``) before a dial
         self.source = SourceAddress(outbound_ip) if outbound_ip else None
@@ -128,16 +128,15 @@ class MxLeg:
         the connection) is held by ``_Early`` and replayed after ``ServerConnected``, so
         the relay never hears from a connection it does not know is there."""
         services = self._services
-        settings = services.settings
         host, port = self.destination
         early = _Early()
         dialled_at = services.loop.time()
         try:
-            transport = await dial(
+            transport = await services.dial(
                 host,
                 port,
                 source_ip=self.source_ip,
-                timeout=settings.relay.timeouts.connect,
+                timeout=services.dialling.connect_timeout,
                 protocol_factory=lambda: early,
                 register=self._register,
             )
@@ -197,7 +196,7 @@ class MxLeg:
         key = ResumeKey(host, port, server_hostname, profile)
         remembered = resumption.cache.get(key, services.loop.time()) if resumption else None
         try:
-            async with asyncio.timeout(services.settings.relay.timeouts.helo):
+            async with asyncio.timeout(services.dialling.handshake_timeout):
                 if resumption is None:
                     tls = await services.loop.start_tls(
                         server, server.get_protocol(), services.tls_context,

@@ -60,11 +60,10 @@ def open_session(
     ``feed``/``feed_soon`` hand the relay an event now or on the loop's next turn;
     ``is_open`` says whether the relay still runs; ``dial`` connects to the MX (a job);
     ``mx_side`` makes the MX transport's protocol."""
-    settings = services.settings
     loop = services.loop
     peer = client.get_extra_info("peername") or ("?", 0)
     # the socket (a syscall to make) only where it is needed: SO_ORIGINAL_DST
-    sock = client.get_extra_info("socket") if settings.upstream is None else None
+    sock = client.get_extra_info("socket") if services.transparent else None
     refusal = None
     destination = ("", 0)
     try:
@@ -87,7 +86,7 @@ def open_session(
         )
         sources = SourceFeedback(
             services.sources, mx_ip=mx_ip, source_ip=lambda: mx.source_ip,
-            rules=settings.fair.deferral_rules,
+            rules=services.deferral_rules,
         )  # fmt: skip
     destinations = services.destinations
     borrowing = None
@@ -97,7 +96,7 @@ def open_session(
         borrowing = Borrowing(
             destinations.get(key), tenant, tickets=destinations, mx=mx, feed=feed,
             feed_soon=feed_soon, is_open=is_open, dial=dial,
-            deferral_rules=settings.fair.deferral_rules,
+            deferral_rules=services.deferral_rules,
         )  # fmt: skip
         cached = borrowing.destination.memo
         borrowing.hello_name = mx.source.ehlo if mx.source is not None else None
