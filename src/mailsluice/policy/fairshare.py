@@ -52,6 +52,13 @@ class Grant:
     tenant: str
     reuse: bool
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(self, ticket: int, tenant: str, reuse: bool) -> None:
+        object.__setattr__(self, "ticket", ticket)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "reuse", reuse)
+
 
 @dataclass(frozen=True, slots=True)
 class Reclaim:

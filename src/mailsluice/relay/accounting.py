@@ -34,6 +34,26 @@ class Transaction:
     size: int = 0
     params: tuple[str, ...] = ()  # ESMTP parameters of MAIL FROM, as sent
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        started_at: float,
+        mail_from: str,
+        rcpt_to: list[str] | None = None,
+        accepted: list[str] | None = None,
+        mail_accepted: bool = False,
+        size: int = 0,
+        params: tuple[str, ...] = (),
+    ) -> None:
+        self.started_at = started_at
+        self.mail_from = mail_from
+        self.rcpt_to = [] if rcpt_to is None else rcpt_to
+        self.accepted = [] if accepted is None else accepted
+        self.mail_accepted = mail_accepted
+        self.size = size
+        self.params = params
+
 
 @dataclass(frozen=True, slots=True)
 class LiveView:
@@ -91,14 +111,14 @@ class Account:
     def opened(
         self, client: str, destination: str, source_ip: str | None, gateway: str | None = None
     ) -> SessionOpened:
-        return SessionOpened(
-            session_id=self.session_id,
-            at=self.opened_at + self._wall,
-            client=client,
-            destination=destination,
-            source_ip=source_ip,
-            gateway=gateway,
-        )
+        # the records are built with ``tuple.__new__``, their fields in order: a NamedTuple's
+        # own ``__new__`` is interpreted Python, even called from compiled code (issue 25;
+        # tests/unit/test_hot_dataclasses.py checks each field)
+        return tuple.__new__(
+            SessionOpened,
+            (self.session_id, self.opened_at + self._wall, client, destination, source_ip,
+             gateway),
+        )  # fmt: skip
 
     def line(self, direction: Direction, text: str, now: float) -> bool:
         """Record one transcript line; True when enough are held to hand them over."""
@@ -120,7 +140,7 @@ class Account:
         """The lines held since the last call, as one record (None if there are none)."""
         if not self._lines:
             return None
-        chunk = TranscriptChunk(session_id=self.session_id, lines=tuple(self._lines))
+        chunk = tuple.__new__(TranscriptChunk, (self.session_id, tuple(self._lines)))
         self._lines.clear()
         return chunk
 
@@ -151,36 +171,42 @@ class Account:
         if outcome == "delivered":
             self.messages += 1
             self.relayed_bytes += txn.size
-        return TransactionEnded(
-            session_id=self.session_id,
-            seq=self._txn_seq,
-            started_at=txn.started_at + self._wall,
-            ended_at=now + self._wall,
-            mail_from=txn.mail_from,
-            rcpt_to=tuple(txn.rcpt_to),
-            accepted_rcpt_to=tuple(txn.accepted),
-            size=txn.size,
-            reply_code=reply.code if reply is not None else None,
-            reply_text=reply.text if reply is not None else None,
-            outcome=outcome,
+        return tuple.__new__(
+            TransactionEnded,
+            (
+                self.session_id,  # session_id
+                self._txn_seq,  # seq
+                txn.started_at + self._wall,  # started_at
+                now + self._wall,  # ended_at
+                txn.mail_from,  # mail_from
+                tuple(txn.rcpt_to),  # rcpt_to
+                tuple(txn.accepted),  # accepted_rcpt_to
+                txn.size,  # size
+                reply.code if reply is not None else None,  # reply_code
+                reply.text if reply is not None else None,  # reply_text
+                outcome,  # outcome
+            ),
         )
 
     def closed(self, reason: CloseReason, now: float) -> SessionClosed:
         tls, client_tls = self.tls, self.client_tls
-        return SessionClosed(
-            session_id=self.session_id,
-            at=now + self._wall,
-            helo=self.helo,
-            tls_version=tls[0] if tls else None,
-            tls_cipher=tls[1] if tls else None,
-            tls_verified=tls[2] if tls else None,
-            messages=self.messages,
-            bytes=self.relayed_bytes,
-            final_code=self.final_code,
-            connect_to_354_ms=self.connect_to_354_ms,
-            reason=reason,
-            client_tls_version=client_tls[0] if client_tls else None,
-            client_tls_cipher=client_tls[1] if client_tls else None,
+        return tuple.__new__(
+            SessionClosed,
+            (
+                self.session_id,  # session_id
+                now + self._wall,  # at
+                self.helo,  # helo
+                tls[0] if tls else None,  # tls_version
+                tls[1] if tls else None,  # tls_cipher
+                tls[2] if tls else None,  # tls_verified
+                self.messages,  # messages
+                self.relayed_bytes,  # bytes
+                self.final_code,  # final_code
+                self.connect_to_354_ms,  # connect_to_354_ms
+                reason,  # reason
+                client_tls[0] if client_tls else None,  # client_tls_version
+                client_tls[1] if client_tls else None,  # client_tls_cipher
+            ),
         )
 
 

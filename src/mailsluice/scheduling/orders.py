@@ -80,6 +80,16 @@ class Take:
     conn: int
     per_connection: int | None = None
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self, ticket: int, tenant: str, conn: int, per_connection: int | None = None
+    ) -> None:
+        object.__setattr__(self, "ticket", ticket)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "conn", conn)
+        object.__setattr__(self, "per_connection", per_connection)
+
 
 @dataclass(frozen=True, slots=True)
 class Close:

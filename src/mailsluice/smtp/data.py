@@ -45,6 +45,13 @@ class BodyChunk:
     done: bool  # end-of-data reached
     rest: bytes  # bytes after end-of-data (pipelined commands), only when done
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(self, forward: bytes, done: bool, rest: bytes) -> None:
+        object.__setattr__(self, "forward", forward)
+        object.__setattr__(self, "done", done)
+        object.__setattr__(self, "rest", rest)
+
 
 class BodyScanner:
     """Scan one message body. Create a new scanner for each DATA."""
@@ -78,6 +85,8 @@ class BodyScanner:
     @property
     def fault(self) -> BodyFault | None:
         """The most important reason to refuse this message, if any."""
+        if not self._faults:  # (the usual case: no enum hashed, issue 25)
+            return None
         for fault in BodyFault:
             if fault in self._faults:
                 return fault

@@ -95,6 +95,30 @@ class Idle:
     idle_since: float = 0.0
     tls_facts: TlsFacts = field(default_factory=TlsFacts.plaintext)  # its TLS, the chain shown
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        hold: Hold,
+        state: UpstreamState,
+        source: str,
+        outbound: tuple[str, int, str, int] | None,
+        opened_at: float,
+        transactions: int,
+        idle_since: float = 0.0,
+        tls_facts: TlsFacts | None = None,
+    ) -> None:
+        self.transport = transport
+        self.hold = hold
+        self.state = state
+        self.source = source
+        self.outbound = outbound
+        self.opened_at = opened_at
+        self.transactions = transactions
+        self.idle_since = idle_since
+        self.tls_facts = TlsFacts.plaintext() if tls_facts is None else tls_facts
+
 
 #: a grant: an idle connection of the tenant's (None: dial a new one), and its hold
 Granted = Callable[[Idle | None, Hold], None]
@@ -108,6 +132,18 @@ class _Waiter:
     granted: Granted
     failed: Callable[[], None] | None = None
     declined: Callable[[str], None] | None = None
+
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        granted: Granted,
+        failed: Callable[[], None] | None = None,
+        declined: Callable[[str], None] | None = None,
+    ) -> None:
+        object.__setattr__(self, "granted", granted)
+        object.__setattr__(self, "failed", failed)
+        object.__setattr__(self, "declined", declined)
 
 
 class Destination:

@@ -45,6 +45,22 @@ class Opened:
     borrowing: Borrowing | None  # fair sharing: its place in the line (None: off, refused)
     sources: SourceFeedback | None  # source pools: what the MX says counts (None: none)
 
+    # written out: compiled by mypyc, unlike the dataclass's own (issue 25; kept equal to it
+    # by tests/unit/test_hot_dataclasses.py)
+    def __init__(
+        self,
+        mx: MxLeg,
+        relay: Relay,
+        client_ip: str,
+        borrowing: Borrowing | None,
+        sources: SourceFeedback | None,
+    ) -> None:
+        self.mx = mx
+        self.relay = relay
+        self.client_ip = client_ip
+        self.borrowing = borrowing
+        self.sources = sources
+
 
 def open_session(
     services: OpeningServices,
