@@ -171,14 +171,17 @@ _PART = {Stage: "stage", Input: "input", Link: "link", Message: "message",
 
 def _by_part(
     moves: tuple[tuple[enum.Enum, enum.Enum], ...],
-) -> tuple[tuple[str, dict[enum.Enum, enum.Enum]], ...]:
-    parts: dict[str, dict[enum.Enum, enum.Enum]] = {}
+) -> tuple[tuple[str, dict[str, enum.Enum]], ...]:
+    parts: dict[str, dict[str, enum.Enum]] = {}
     for old, new in moves:
-        parts.setdefault(_PART[type(old)], {})[old] = new
+        parts.setdefault(_PART[type(old)], {})[old._name_] = new
     return tuple(parts.items())
 
 
-_STEPS = {cause: _by_part(moves) for cause, moves in MOVES.items()}
+#: ``MOVES`` for ``RelayState.on``: by the cause's name, then by part, each part's moves by
+#: the old state's name (names, not members: an Enum's ``__hash__`` is interpreted Python,
+#: a str's is cached; issue 25)
+_STEPS = {cause._name_: _by_part(moves) for cause, moves in MOVES.items()}
 
 
 class Owed(enum.Enum):
@@ -330,9 +333,9 @@ class RelayState:
     # ------------------------------------------------------------- transitions
     def on(self, cause: On) -> None:
         """Make the moves ``cause`` makes (``MOVES``); any other is ``IllegalMove``."""
-        for part, moves in _STEPS[cause]:
+        for part, moves in _STEPS[cause._name_]:
             old = getattr(self, part)
-            new = moves.get(old)
+            new = moves.get(old._name_)
             if new is None:
                 raise IllegalMove(
                     f"{cause.value}: {type(old).__name__} {old.value} has no such move"
