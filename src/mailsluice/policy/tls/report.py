@@ -30,6 +30,7 @@ __all__ = [
     "day_of",
     "parse_tlsrpt_record",
     "policy_key",
+    "policy_key_of",
     "report_filename",
     "tlsrpt_record",
 ]
@@ -132,8 +133,14 @@ class _Counts:
 
 
 def policy_key(policy: Policy, mx_host: str | None) -> PolicyKey:
-    return PolicyKey(policy.domain.lower(), policy.report_type, policy.report_strings,
-                     (mx_host or "").lower().rstrip("."))  # fmt: skip
+    return policy_key_of(policy.domain, policy.report_type, policy.report_strings, mx_host)
+
+
+def policy_key_of(
+    domain: str, policy_type: str, strings: tuple[str, ...], mx_host: str | None
+) -> PolicyKey:
+    """``policy_key`` of a policy's parts (policy domain, type, strings)."""
+    return PolicyKey(domain.lower(), policy_type, strings, (mx_host or "").lower().rstrip("."))
 
 
 class Tally:

@@ -18,8 +18,8 @@ import logging
 import sqlite3
 from pathlib import Path
 
-from mailsluice.policy.tls.model import Policy, Verdict
-from mailsluice.policy.tls.report import FailureKey, PolicyKey, Row, Tally, day_of, policy_key
+from mailsluice.policy.tls.model import Policy, Result, Verdict
+from mailsluice.policy.tls.report import FailureKey, PolicyKey, Row, Tally, day_of, policy_key_of
 
 __all__ = ["EVERY", "STORE_NAME", "TlsRptStore", "read_day", "store_beside"]
 
@@ -44,6 +44,9 @@ _UPSERT = (
 )
 
 
+_Seen = tuple[str, str, str, tuple[str, ...], str | None, str, str, str]
+
+
 def store_beside(state: Path | None) -> Path | None:
     """Where the counts go: beside the state file (None: not kept)."""
     return None if state is None else state.parent / STORE_NAME
@@ -56,6 +59,11 @@ class TlsRptStore:
         self.path = path
         self._every = every
         self._pending = Tally()
+        # what ``record`` counted since, by its arguments as they came (no key objects made
+        # per session, issue 25): (day, policy domain, type, strings, MX host, result,
+        # sending address, MX address; the result by its value: an Enum's hash is
+        # interpreted Python); folded into ``_pending`` when written
+        self._new: dict[_Seen, int] = {}
         self._failed = False
 
     def record(
@@ -69,9 +77,16 @@ class TlsRptStore:
         now: float,
     ) -> None:
         """Count one session's result (no I/O)."""
-        name = mx_host or policy.mx_host
-        self._pending.add(day_of(now), policy_key(policy, name), verdict.result,
-                          sending_ip=sending_ip, mx_host=name, mx_ip=mx_ip)  # fmt: skip
+        seen = (day_of(now), policy.domain, policy.report_type, policy.report_strings,
+                mx_host or policy.mx_host, verdict.result._value_, sending_ip, mx_ip)  # fmt: skip
+        self._new[seen] = self._new.get(seen, 0) + 1
+
+    def _fold(self) -> None:
+        """Add the counts ``record`` kept to the tally."""
+        for (day, domain, kind, strings, name, result, sending, ip), count in self._new.items():
+            self._pending.add(day, policy_key_of(domain, kind, strings, name), Result(result),
+                              sending_ip=sending, mx_host=name, mx_ip=ip, count=count)  # fmt: skip
+        self._new.clear()
 
     async def run(self) -> None:
         """Write the counts every ``EVERY`` seconds until cancelled (then ``close``)."""
@@ -91,6 +106,7 @@ class TlsRptStore:
             self._settle(rows, self._write(rows))
 
     def _take(self) -> list[Row]:
+        self._fold()
         rows = self._pending.rows()
         self._pending = Tally()
         return rows
@@ -105,6 +121,7 @@ class TlsRptStore:
             log.warning("%s: TLS report counts not written (%s); kept for later",
                         self.path, problem)  # fmt: skip
         self._failed = True
+        self._fold()
         if len(self._pending) + len(rows) <= MAX_PENDING:
             for row in rows:
                 self._pending.add_row(row)
