@@ -96,7 +96,8 @@ async def test_caps_answer_421_with_their_codes_and_never_dial(proxy_factory, tm
 
 
 class _FailingAccept:
-    """Stands in for a listening socket whose ``accept()`` fails ``failures`` more times."""
+    """Stands in for a listening socket whose ``accept()`` fails ``failures`` more times
+    (its ``_accept``, the system call's wrapper, which the listener calls)."""
 
     def __init__(self, sock: object, error: int, failures: int) -> None:
         self._sock = sock
@@ -104,12 +105,12 @@ class _FailingAccept:
         self.failures = failures
         self.calls = 0
 
-    def accept(self) -> tuple[object, object]:
+    def _accept(self) -> tuple[int, object]:
         self.calls += 1
         if self.failures > 0:
             self.failures -= 1
             raise OSError(self.error, os.strerror(self.error))
-        return self._sock.accept()  # type: ignore[attr-defined,no-any-return]
+        return self._sock._accept()  # type: ignore[attr-defined,no-any-return]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._sock, name)

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.integration
 
 
 class _ShortOfDescriptors(socket.socket):
-    """A listening socket whose accept() fails as when the process has no fd left."""
+    """A listening socket whose accept() fails as when the process has no fd left (its
+    ``_accept``, the system call's wrapper, which the listener calls)."""
 
-    def accept(self) -> tuple[socket.socket, Any]:
+    def _accept(self) -> tuple[int, Any]:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
 

@@ -82,6 +82,9 @@ class Listener:
         self._load = load  # sessions open, for the warning
         self._loop = asyncio.get_running_loop()
         self._fd = sock.fileno()
+        # what ``socket.accept`` gives each connection, as plain numbers: it reads them as
+        # enums (``AddressFamily(...)``, ``SocketKind(...)``: interpreted Python) every time
+        self._kind = (int(sock.family), int(sock.type), sock.proto)
         self._pause = _PAUSE_FIRST
         self._failures = 0  # failed accept() calls since the last success
         self._retry: asyncio.TimerHandle | None = None
@@ -90,7 +93,7 @@ class Listener:
     def _accept(self) -> None:
         for _ in range(_ACCEPT_BATCH):
             try:
-                conn, _ = self.sock.accept()
+                fd, _ = self.sock._accept()  # type: ignore[attr-defined]  # (accept's own)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -101,6 +104,9 @@ class Listener:
             if self._failures:
                 log.warning("accepting again after %d failed accept() calls", self._failures)
                 self._failures, self._pause = 0, _PAUSE_FIRST
+            conn = socket.socket(*self._kind, fileno=fd)  # as ``socket.accept`` makes it
+            if socket.getdefaulttimeout() is None and self.sock.gettimeout():
+                conn.setblocking(True)
             self._adopt(conn)
 
     def _stall(self, exc: OSError) -> None:
