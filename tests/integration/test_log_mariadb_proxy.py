@@ -58,7 +58,9 @@ async def test_sessions_and_transcripts_from_mariadb_equal_sqlite_s(
     server_ssl_context: ssl.SSLContext,
 ) -> None:
     sink = _sink_url(mariadb_server, mariadb_database)
-    settings = {"log_sinks": (sink,)}
+    # the writer processes (not the conftest's thread): the password must reach them by
+    # their environment, never their command line
+    settings = {"log_sinks": (sink,), "log_process": True}
     async with (
         ScriptedMX(tls=server_ssl_context, reject_rcpt="^nobody@") as mx,
         proxy_factory(mx.address, settings=settings) as proxy,

@@ -144,10 +144,10 @@ def test_draws_follow_the_weights(given_weights: list[int]) -> None:
     members = tuple(SourceAddress(f"192.0.2.{i + 1}", "x.example", float(w))
                     for i, w in enumerate(given_weights))  # fmt: skip
     total = sum(given_weights)
-    grid = 1000 * total
+    grid = 100 * total
     counts = Counter(draw_member(members, (k + 0.5) / grid).address for k in range(grid))
     for member, weight in zip(members, given_weights, strict=True):
-        assert abs(counts[member.address] - 1000 * weight) <= 1
+        assert abs(counts[member.address] - 100 * weight) <= 1
 
 
 def test_random_draws_follow_the_weights_in_distribution() -> None:
@@ -156,10 +156,10 @@ def test_random_draws_follow_the_weights_in_distribution() -> None:
     pool = SourcePool("p", (heavy, light))
     rng = random.Random(7)
     rules, pools = [SourceRule("p")], {"p": pool}
-    draws = [rng.random() for _ in range(8000)]
+    draws = [rng.random() for _ in range(3000)]
     seen = Counter(choose(rules, pools, DEFAULT, _at(), draw=d, now=0.0, out={}).source
                    for d in draws)  # fmt: skip
-    assert 0.72 < seen[heavy] / 8000 < 0.78  # 3/4, well within 5 standard deviations
+    assert 0.72 < seen[heavy] / 3000 < 0.78  # 3/4 within 3.8 standard deviations (seeded)
 
 
 def test_a_penalised_member_is_not_drawn_until_its_penalty_ends() -> None:

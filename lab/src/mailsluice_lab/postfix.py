@@ -51,12 +51,18 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from mailsluice_lab.netns.processes import listening_ports
+from mailsluice_lab.postfix_log import (
+    Deliveries,
+    DeliveryRecord,
+    count_deliveries,
+    message_ids,
+    parse_deliveries,
+)
 from mailsluice_lab.processes import find_program
 
 SERVICES = """\
@@ -97,14 +103,6 @@ FAST_RETRY: Mapping[str, str] = {
 #: Settings that put every submitted message on hold (``release_held`` lets them go).
 HOLD_SUBMITTED: Mapping[str, str] = {"header_checks": "static:HOLD"}
 
-_STATUS = re.compile(r"\bstatus=([a-z]+)\b")
-_MESSAGE_ID = re.compile(r"\b(?P<queue_id>[0-9A-Za-z]+): message-id=<(?P<message_id>[^>]*)>")
-_DELIVERY = re.compile(
-    r"\b(?P<queue_id>[0-9A-Za-z]+): to=<(?P<recipient>[^>]*)>,(?: orig_to=<[^>]*>,)?"
-    r" relay=(?P<relay>[^,]+),(?: conn_use=(?P<conn_use>\d+),)?.*?"
-    r" status=(?P<status>[a-z]+) \((?P<text>.*)\)$"
-)
-
 
 class PostfixError(RuntimeError):
     """The instance could not be set up, started or queried; the message says why."""
@@ -138,29 +136,6 @@ def free_loopback_address() -> tuple[str, int]:
                 continue
             return host, int(sock.getsockname()[1])
     raise PostfixError("no free port found on 127.0.0.2-254")
-
-
-@dataclass(frozen=True)
-class DeliveryRecord:
-    """One ``status=`` line of the log: a delivery attempt for one recipient."""
-
-    queue_id: str
-    recipient: str
-    relay: str
-    conn_use: int  # 1 on a new connection, N for its Nth transaction on a cached one
-    status: str  # sent, deferred, bounced, expired
-    text: str  # the reason in parentheses, e.g. "250 2.0.0 Ok: queued as 4AbC"
-
-
-@dataclass(frozen=True)
-class Deliveries:
-    """Delivery outcomes counted from the instance's log (one per recipient attempt)."""
-
-    sent: int
-    deferred: int
-    bounced: int
-    expired: int
-    bounced_lines: tuple[str, ...]
 
 
 def isolated(root: Path, name: str, hostname: str, why: str) -> dict[str, str]:
@@ -488,56 +463,20 @@ class PostfixMSA:
                     next_flush = time.monotonic() + flush_every
                 await asyncio.sleep(0.25)
 
+    def _log_text(self) -> str:
+        try:
+            return self.maillog.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def message_ids(self) -> dict[str, str]:
         """Queue id -> Message-ID (without angle brackets), from cleanup's log lines."""
-        try:
-            text = self.maillog.read_text(errors="replace")
-        except OSError:
-            return {}
-        return {m["queue_id"]: m["message_id"] for m in _MESSAGE_ID.finditer(text)}
+        return message_ids(self._log_text())
 
     def delivery_records(self) -> list[DeliveryRecord]:
-        """Every ``status=`` line of the log, parsed, in log order."""
-        try:
-            lines = self.maillog.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        records = []
-        for line in lines:
-            match = _DELIVERY.search(line)
-            if match is not None:
-                records.append(
-                    DeliveryRecord(
-                        queue_id=match["queue_id"],
-                        recipient=match["recipient"],
-                        relay=match["relay"],
-                        conn_use=int(match["conn_use"] or 1),
-                        status=match["status"],
-                        text=match["text"],
-                    )
-                )
-        return records
+        """Every ``status=`` line of the log, parsed, in log order (``postfix_log``)."""
+        return parse_deliveries(self._log_text())
 
     def deliveries(self) -> Deliveries:
         """Count ``status=`` outcomes in the instance's log."""
-        counts = {"sent": 0, "deferred": 0, "bounced": 0, "expired": 0}
-        bounced: list[str] = []
-        try:
-            lines = self.maillog.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        for line in lines:
-            match = _STATUS.search(line)
-            if match is None:
-                continue
-            status = match.group(1)
-            counts[status] = counts.get(status, 0) + 1
-            if status in ("bounced", "expired"):
-                bounced.append(line)
-        return Deliveries(
-            sent=counts["sent"],
-            deferred=counts["deferred"],
-            bounced=counts["bounced"],
-            expired=counts["expired"],
-            bounced_lines=tuple(bounced),
-        )
+        return count_deliveries(self._log_text())

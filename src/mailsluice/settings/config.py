@@ -211,10 +211,13 @@ def _sink_url(value: str, key: str) -> str:
     return value
 
 
-def _fleet(key: str, value: str) -> SharedState | str | None:
-    if key == "gateway_name":
-        return parse_gateway_name(value)
+def _shared_state(raw: object, key: str) -> SharedState | None:
+    value = _string(raw, key)
     return parse_shared_state(value) if value.strip() else None
+
+
+def _gateway_name(raw: object, key: str) -> str:
+    return parse_gateway_name(_string(raw, key))
 
 
 def _number(raw: object, key: str, *, minimum: float = 0.0, integer: bool = False) -> float:
@@ -356,9 +359,9 @@ _TOP: dict[str, Callable[[object, str], Any]] = {
     "state_file": lambda raw, key: _string(raw, key) or None,
     "admin_listen": _host_port_or_none,
     "admin_token_file": lambda raw, key: _string(raw, key) or None,
-    "admin_allowed_hosts": lambda raw, key: _allowed_hosts(raw, key),
-    "shared_state": lambda raw, key: _fleet(key, _string(raw, key)),
-    "gateway_name": lambda raw, key: _fleet(key, _string(raw, key)),
+    "admin_allowed_hosts": _allowed_hosts,
+    "shared_state": _shared_state,
+    "gateway_name": _gateway_name,
     "log_queue_limit": _count(),
     "workers": _count(),
     "max_connections": _count(),
