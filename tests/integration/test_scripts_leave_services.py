@@ -36,7 +36,8 @@ exit 0
 
 
 #: what scripts/test gives pytest first: the parallel run (pytest-xdist, a worker a core)
-PARALLEL = "-n auto --dist loadgroup --durations=25"
+# two test workers a core (``nproc``: the cores this process may use)
+PARALLEL = f"-n {2 * len(os.sched_getaffinity(0))} --dist loadgroup --durations=25"
 
 
 def sandbox(tmp_path: Path, *, installed: bool) -> tuple[Path, dict[str, str], Path]:
