@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from ipaddress import ip_network
 
 import pytest
@@ -139,20 +140,42 @@ async def test_without_redis_each_falls_back_to_its_share_and_rejoins(
         b.tenant(group, "t3", 8, until)
         await asyncio.sleep(2)
         await asyncio.to_thread(redis_server.stop)  # (the loop goes on meanwhile)
-        await asyncio.sleep(2)
-        assert a.link_view()["mode"] == b.link_view()["mode"] == "fallback"
+        # each notices within a report or a heartbeat (seconds on a loaded machine)
+        both_fallen = await _within(10, lambda: _modes(a, b) == {"fallback"})
         before = sum(a.done.values()) + sum(b.done.values())
         await asyncio.sleep(LEASE_TTL + 1)
-        assert a.link_view()["share"] == b.link_view()["share"] == 2
-        assert sum(a.done.values()) + sum(b.done.values()) > before  # mail goes on
+        shares = (a.link_view()["share"], b.link_view()["share"])
+        done = sum(a.done.values()) + sum(b.done.values())
         await asyncio.to_thread(redis_server.start)  # empty
-        await asyncio.sleep(3)
-        assert a.link_view()["mode"] == b.link_view()["mode"] == "shared"
-        assert a.link_view()["fleet_limit"] == 4
-        assert a.fleet.fallbacks == b.fleet.fallbacks == 1
+        rejoined = await _within(10, lambda: _modes(a, b) == {"shared"})
+        fleet_limit = a.link_view()["fleet_limit"]
         a.stop()
         b.stop()
+    # (asserted once the gateways are stopped: a failure inside the group would leave them
+    # running until their tenants' end)
+    assert both_fallen, _modes(a, b)
+    assert shares == (2, 2)
+    assert done > before  # mail goes on
+    assert rejoined, _modes(a, b)
+    assert fleet_limit == 4
+    # at least the one fallback (a report late on a loaded machine is another, rightly)
+    assert a.fleet.fallbacks >= 1
+    assert b.fleet.fallbacks >= 1
     assert mx.peak <= 4
+
+
+def _modes(*gateways: SimGateway) -> set[object]:
+    return {gateway.link_view()["mode"] for gateway in gateways}
+
+
+async def _within(seconds: float, condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` holds within ``seconds`` (checked every 0.1 s)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
 
 
 async def test_a_redis_slower_than_the_deadline_is_a_lost_one(
