@@ -69,7 +69,7 @@ def connect(state: SharedState) -> aioredis.Redis:
         "socket_connect_timeout": DEADLINE, "decode_responses": True,
     }  # fmt: skip
     if state.service is not None:
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(
             list(state.hosts), sentinel_kwargs={"password": password, "socket_timeout": DEADLINE},
             ssl=state.tls, **options,
         )  # fmt: skip
