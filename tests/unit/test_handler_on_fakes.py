@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import socket
 import ssl
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -22,6 +21,7 @@ from mailsluice.runtime.fair.destinations import Destinations
 from mailsluice.runtime.fair.pool import UpstreamPool
 from mailsluice.runtime.net.admission import Outbound
 from mailsluice.runtime.net.dialer import Register
+from mailsluice.runtime.net.origdst import ConnectedSocket
 from mailsluice.runtime.services import ConnectionServices, MxDialling, Registered
 from mailsluice.runtime.session.handler import ClientProtocol, ConnectionHandler
 from mailsluice.runtime.sources import SourceSelector
@@ -239,14 +239,14 @@ class _Services:
     def tenant_of(self, client_ip: str) -> str:
         return "t"
 
-    def route(self, sock: socket.socket | None) -> tuple[str, int]:
+    def route(self, sock: ConnectedSocket | None) -> tuple[str, int]:
         return MX
 
     def routing_failure(self, detail: str, client_ip: str = "") -> Reply:
         raise AssertionError("the route is fixed")
 
     def admit(
-        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+        self, client_ip: str, destination: tuple[str, int], sock: ConnectedSocket | None
     ) -> Reply | None:
         return None
 

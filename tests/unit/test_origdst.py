@@ -14,6 +14,7 @@ from mailsluice.runtime.net.origdst import (
     SO_ORIGINAL_DST,
     SOL_IP,
     SOL_IPV6,
+    AcceptedSocket,
     OriginalDestinationError,
     decode_sockaddr_in,
     decode_sockaddr_in6,
@@ -162,3 +163,37 @@ def test_real_unix_socket_is_refused() -> None:
 
 def test_error_is_an_oserror() -> None:
     assert issubclass(OriginalDestinationError, OSError)
+
+
+class _AskedSocket(FakeSocket):
+    """A socket that counts the address questions it is asked (each a syscall)."""
+
+    def __init__(self, local: Any, answer: bytes | int, peer: Any) -> None:
+        super().__init__(local, answer)
+        self.peer = peer
+        self.asked: list[str] = []
+
+    def getsockname(self) -> Any:
+        self.asked.append("getsockname")
+        return self.local
+
+    def getpeername(self) -> Any:
+        self.asked.append("getpeername")
+        return self.peer
+
+
+def test_an_accepted_socket_answers_its_addresses_without_asking_the_socket() -> None:
+    sock = _AskedSocket(("10.0.0.1", 10025), sockaddr_in("192.0.2.25", 25), ("10.9.0.5", 4000))
+    accepted = AcceptedSocket(sock, ("10.0.0.1", 10025), ("10.9.0.5", 4000))
+    assert original_destination(accepted) == ("192.0.2.25", 25)
+    assert accepted.getpeername() == ("10.9.0.5", 4000)
+    assert sock.asked == []  # the loop's addresses: no syscall
+    assert sock.calls == [(SOL_IP, SO_ORIGINAL_DST, 16)]  # the one question only it answers
+
+
+def test_an_address_the_loop_could_not_read_is_asked_of_the_socket() -> None:
+    sock = _AskedSocket(("::ffff:10.0.0.1", 10025, 0, 0), sockaddr_in("192.0.2.25", 25), None)
+    accepted = AcceptedSocket(sock, None, None)
+    assert original_destination(accepted) == ("192.0.2.25", 25)
+    accepted.getpeername()
+    assert sock.asked == ["getsockname", "getpeername"]

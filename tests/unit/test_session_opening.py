@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.config import RelayConfig
+from mailsluice.runtime.net.origdst import ConnectedSocket
 from mailsluice.runtime.services import MxDialling, OpeningServices
 from mailsluice.runtime.session.opening import open_session
 from mailsluice.runtime.session.sides import Side
@@ -50,6 +51,7 @@ class _Services:
         self.resumption = None
         self.loop = _Loop()
         self.asked: list[str] = []
+        self.routed: ConnectedSocket | None = None
         self._route_error = route_error
 
     def new_session_id(self) -> str:
@@ -58,8 +60,9 @@ class _Services:
     def tenant_of(self, client_ip: str) -> str:
         return client_ip
 
-    def route(self, sock: socket.socket | None) -> tuple[str, int]:
+    def route(self, sock: ConnectedSocket | None) -> tuple[str, int]:
         self.asked.append("route")
+        self.routed = sock
         if self._route_error is not None:
             raise self._route_error
         return ("192.0.2.25", 25)
@@ -68,7 +71,7 @@ class _Services:
         return Reply.make(421, "4.3.5", "test Error: cannot find the original destination")
 
     def admit(
-        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+        self, client_ip: str, destination: tuple[str, int], sock: ConnectedSocket | None
     ) -> Reply | None:
         self.asked.append(f"admit {client_ip} {destination[0]}:{destination[1]}")
         return None
@@ -79,7 +82,10 @@ class _Services:
 
 class _Client:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("198.51.100.7", 40000), "socket": None}.get(name, default)
+        return {
+            "peername": ("198.51.100.7", 40000), "sockname": ("10.0.0.1", 10025),
+            "socket": "the transport's socket",
+        }.get(name, default)  # fmt: skip
 
 
 def _open(services: _Services) -> Any:
@@ -108,3 +114,19 @@ def test_a_destination_that_cannot_be_read_is_refused_without_admission_or_dial(
     said = b"".join(a.data for a in actions if isinstance(a, act.SendToClient))
     assert said.startswith(b"421 4.3.5 ")
     assert not any(isinstance(action, act.ConnectServer) for action in actions)
+
+
+def test_a_transparent_opening_asks_the_accepted_socket_only_what_the_loop_did_not_read() -> None:
+    services = _Services()
+    accepted = object()  # any question about its addresses would fail
+    open_session(
+        cast(OpeningServices, services), cast(asyncio.Transport, _Client()),
+        sock=cast(socket.socket, accepted), feed=lambda event: None,
+        feed_soon=lambda event: None, is_open=lambda: True, dial=lambda: None,
+        mx_side=lambda: cast(Side, None),
+    )  # fmt: skip
+    routed = services.routed
+    assert routed is not None
+    assert routed.getsockname() == ("10.0.0.1", 10025)
+    assert routed.getpeername() == ("198.51.100.7", 40000)
+    assert routed._sock is accepted  # type: ignore[attr-defined]  # getsockopt's socket

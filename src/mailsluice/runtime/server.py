@@ -137,7 +137,7 @@ class Proxy:
     async def _connect_accepted(self, conn: socket.socket) -> None:
         try:  # (the loop makes the socket non-blocking)
             _, client = await self.services.loop.connect_accepted_socket(
-                lambda: ClientProtocol(self.services), conn
+                lambda: ClientProtocol(self.services, conn), conn
             )
         except Exception as exc:  # one connection must never end the TaskGroup
             log.warning("cannot set up an accepted connection: %s", exc)

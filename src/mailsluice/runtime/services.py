@@ -32,7 +32,6 @@ import asyncio
 import copy
 import itertools
 import os
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -48,7 +47,7 @@ from mailsluice.runtime.fair.pool import UpstreamPool
 from mailsluice.runtime.fleet.join import join
 from mailsluice.runtime.net.admission import Admission, Outbound
 from mailsluice.runtime.net.dialer import Register, dial
-from mailsluice.runtime.net.origdst import original_destination
+from mailsluice.runtime.net.origdst import ConnectedSocket, original_destination
 from mailsluice.runtime.sources import SourceSelector
 from mailsluice.runtime.suspensions import Suspensions
 from mailsluice.runtime.tls.contexts import ChainVerifier, client_context
@@ -151,12 +150,12 @@ class OpeningServices(MxServices, Protocol):
 
     def tenant_of(self, client_ip: str) -> str: ...
 
-    def route(self, sock: socket.socket | None) -> tuple[str, int]: ...
+    def route(self, sock: ConnectedSocket | None) -> tuple[str, int]: ...
 
     def routing_failure(self, detail: str, client_ip: str = "") -> Reply: ...
 
     def admit(
-        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+        self, client_ip: str, destination: tuple[str, int], sock: ConnectedSocket | None
     ) -> Reply | None: ...
 
     def tls_allowed(self, destination: str, now: float) -> bool: ...
@@ -368,7 +367,7 @@ class Services:
             self.destinations.local.operator_pause = suspensions.declines
 
     # ----------------------------------------------------------------- routing
-    def route(self, sock: socket.socket | None) -> tuple[str, int]:
+    def route(self, sock: ConnectedSocket | None) -> tuple[str, int]:
         """The destination the client meant: the fixed upstream, or SO_ORIGINAL_DST."""
         upstream = self.settings.upstream
         if upstream is not None:
@@ -388,7 +387,7 @@ class Services:
 
     # ----------------------------------------------------------------- admission
     def admit(
-        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+        self, client_ip: str, destination: tuple[str, int], sock: ConnectedSocket | None
     ) -> Reply | None:
         """A refusal, or None: admitted (the slot is claimed by ``started``; one left
         unclaimed, because the connection failed to start, is freed at the next)."""

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 from collections.abc import Sequence
 
 from mailsluice.policy import access, limits
 from mailsluice.runtime.net.dialer import plain_host
 from mailsluice.runtime.net.listener import descriptor_capacity
+from mailsluice.runtime.net.origdst import ConnectedSocket
 from mailsluice.smtp.replies import Reply
 
 log = logging.getLogger("mailsluice.admission")
@@ -55,7 +55,7 @@ class Admission:
         self.outbound: set[Outbound] = set()  # our live connections to MXes
 
     def admit(
-        self, client_ip: str, destination: tuple[str, int], sock: socket.socket | None
+        self, client_ip: str, destination: tuple[str, int], sock: ConnectedSocket | None
     ) -> Reply | str:
         """A refusal, or the connection slot taken (give it back with ``release``)."""
         host = self._host

@@ -43,6 +43,37 @@ class SocketLike(Protocol):
     def getsockopt(self, level: int, optname: int, buflen: int, /) -> bytes: ...
 
 
+class ConnectedSocket(SocketLike, Protocol):
+    """An accepted connection's socket as the opening asks about it (``AcceptedSocket``)."""
+
+    def getpeername(self) -> Any: ...
+
+
+class AcceptedSocket:
+    """An accepted connection: its two addresses as the event loop read them when it made
+    the transport (uvloop keeps both), its socket for ``getsockopt``. The opening asks for
+    the local address twice (``SO_ORIGINAL_DST``'s family, the loop check) and the peer's
+    once: through the transport's socket each was a syscall and a new socket object
+    (issue 25: four ``getsockname`` and a ``getpeername`` a connection, now none). An
+    address the loop could not read is read from the socket, as before."""
+
+    __slots__ = ("_local", "_peer", "_sock")
+
+    def __init__(self, sock: ConnectedSocket, local: Any, peer: Any) -> None:
+        self._sock = sock
+        self._local = local
+        self._peer = peer
+
+    def getsockname(self) -> Any:
+        return self._sock.getsockname() if self._local is None else self._local
+
+    def getpeername(self) -> Any:
+        return self._sock.getpeername() if self._peer is None else self._peer
+
+    def getsockopt(self, level: int, optname: int, buflen: int, /) -> bytes:
+        return self._sock.getsockopt(level, optname, buflen)
+
+
 def decode_sockaddr_in(raw: bytes) -> tuple[str, int]:
     """Decode a ``struct sockaddr_in`` (family, port, IPv4 address, zero padding)."""
     if len(raw) < 8:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from functools import partial
@@ -63,11 +64,14 @@ _In = TypeVar("_In")
 class ClientProtocol(Side):
     """The accepted connection; makes its handler when the connection is made."""
 
-    def __init__(self, services: ConnectionServices) -> None:
+    def __init__(self, services: ConnectionServices, sock: socket.socket | None = None) -> None:
         self._services = services
+        self._sock = sock  # the accepted socket (None: the transport's is asked for)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        handler = ConnectionHandler(self._services, cast(asyncio.Transport, transport))
+        handler = ConnectionHandler(
+            self._services, cast(asyncio.Transport, transport), sock=self._sock
+        )
         super().__init__(handler, client=True)
         self._services.started(handler)
         handler.begin()
@@ -86,7 +90,13 @@ class ConnectionHandler:
         "_jobs", "_lingering", "_loop", "_peer", "_services", "_sources", "mx", "relay",
     )  # fmt: skip
 
-    def __init__(self, services: ConnectionServices, client: asyncio.Transport) -> None:
+    def __init__(
+        self,
+        services: ConnectionServices,
+        client: asyncio.Transport,
+        *,
+        sock: socket.socket | None = None,
+    ) -> None:
         self._services = services
         self._loop = services.loop
         self._client: asyncio.Transport | None = client
@@ -106,7 +116,7 @@ class ConnectionHandler:
         self.relay: Relay | None = None
         self._borrowing: Borrowing | None = None  # fair sharing: its place in the line
         opened = open_session(
-            services, client, feed=self._feed, feed_soon=self._feed_soon,
+            services, client, sock=sock, feed=self._feed, feed_soon=self._feed_soon,
             is_open=self._relay_open, dial=self._dial, mx_side=self._mx_side,
         )  # fmt: skip
         self.mx: MxLeg = opened.mx

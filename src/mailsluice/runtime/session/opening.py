@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
 from mailsluice.runtime.net.dialer import plain_host
+from mailsluice.runtime.net.origdst import AcceptedSocket
 from mailsluice.runtime.services import OpeningServices
 from mailsluice.runtime.session.borrowing import Borrowing
 from mailsluice.runtime.session.mxleg import MxLeg
@@ -66,6 +68,7 @@ def open_session(
     services: OpeningServices,
     client: asyncio.Transport,
     *,
+    sock: socket.socket | None = None,
     feed: Callable[[ev.Event], None],
     feed_soon: Callable[[ev.Event], None],
     is_open: Callable[[], bool],
@@ -75,21 +78,28 @@ def open_session(
     """Route, admit and set up one accepted connection (see the module docstring).
     ``feed``/``feed_soon`` hand the relay an event now or on the loop's next turn;
     ``is_open`` says whether the relay still runs; ``dial`` connects to the MX (a job);
-    ``mx_side`` makes the MX transport's protocol."""
+    ``mx_side`` makes the MX transport's protocol; ``sock`` is the accepted socket (None:
+    the transport's is asked for)."""
     loop = services.loop
     peer = client.get_extra_info("peername") or ("?", 0)
-    # the socket (a syscall to make) only where it is needed: SO_ORIGINAL_DST
-    sock = client.get_extra_info("socket") if services.transparent else None
+    # the socket only where it is needed (SO_ORIGINAL_DST, the loop check), with the two
+    # addresses the loop read already
+    accepted = None
+    if services.transparent:
+        accepted = AcceptedSocket(
+            sock if sock is not None else client.get_extra_info("socket"),
+            client.get_extra_info("sockname"), client.get_extra_info("peername"),
+        )  # fmt: skip
     refusal = None
     destination = ("", 0)
     try:
-        destination = services.route(sock)
+        destination = services.route(accepted)
     except OSError as exc:
         log.warning("cannot route %s: %s", format_address(peer), exc)
         refusal = services.routing_failure(str(exc), peer[0])
     now = time.time()
     if refusal is None:
-        refusal = services.admit(peer[0], destination, sock)
+        refusal = services.admit(peer[0], destination, accepted)
     mx = MxLeg(services, destination, feed=feed, protocol=mx_side)
     dest = format_address(destination)
     mx_ip = plain_host(destination[0])
