@@ -15,6 +15,7 @@ so it is unit-tested without sockets.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import socket
 import struct
@@ -117,6 +118,7 @@ def decode_sockaddr_in6(raw: bytes) -> tuple[str, int]:
     return text, port
 
 
+@functools.lru_cache(maxsize=256)  # a worker's local addresses are few: parsed once each
 def uses_ipv4_call(local_host: str) -> bool:
     """True when the connection is IPv4 (plain, or IPv4-mapped on an IPv6 socket)."""
     host = local_host.partition("%")[0]
