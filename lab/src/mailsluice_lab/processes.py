@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,16 +44,62 @@ def find_program(name: str) -> str | None:
 
 
 _handed_out: set[int] = set()
+_LOWEST_PORT = 10_000  # below: well-known and registered services' ports
+_SLICES = 16  # parallel test workers (gw0..gw15) that get ports of their own
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (``connect()`` and ``bind(0)`` draw
+    their ports from it); 32768 when it cannot be read."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def port_slice(worker: str | None = None, pid: int | None = None) -> range:
+    """The ports ``free_port`` hands out in this process: below the kernel's ephemeral range
+    (so no client socket of any test can take one between its hand-out and its bind), a
+    slice of their own for each pytest-xdist worker (``PYTEST_XDIST_WORKER``: gw0, gw1,
+    ...), a slice chosen by process number otherwise. Empty when the ephemeral range leaves
+    no room below it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "") if worker is None else worker
+    number = worker[2:] if worker.startswith("gw") else ""
+    index = int(number) if number.isdigit() else (os.getpid() if pid is None else pid)
+    width = max(0, (_ephemeral_low() - _LOWEST_PORT) // _SLICES)
+    start = _LOWEST_PORT + (index % _SLICES) * width
+    return range(start, start + width)
+
+
+def _bindable(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port on ``host`` that was free a moment ago, and never one this process was
     given before: two servers started one after the other never get the same port, even
-    while the first has not bound its own yet. (Parallel test workers are processes of
-    their own: the kernel picks their ports at random from its ephemeral range.) The one
-    helper for this, in the lab and in the tests."""
+    while the first has not bound its own yet. The port is in this process's
+    ``port_slice``: parallel test workers never draw the same one, and no socket's
+    automatic port (the ephemeral range) can take it before its server binds it (a fresh
+    clone's run lost a test to that: "Address already in use"). The one helper for this,
+    in the lab and in the tests."""
+    ports = port_slice()
+    if len(ports) > 0:
+        offset = random.randrange(len(ports))  # a child process draws apart from its parent
+        for step in range(len(ports)):
+            port = ports[(offset + step) % len(ports)]
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(100):
+    for _ in range(100):  # no room below the ephemeral range: the kernel's choice
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
             port = int(sock.getsockname()[1])
