@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import socket
 import ssl
 from dataclasses import dataclass, field
 
@@ -47,6 +46,7 @@ from mailsluice_lab.peers.faults import (
 )
 from mailsluice_lab.peers.ledger import ClientResult, make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
+from mailsluice_lab.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -264,9 +264,7 @@ def _assert_extra_never_consumed(tmp_path) -> None:
 
 async def test_mx_connection_refused_gives_421_greeting(proxy_factory, tmp_path) -> None:
     """E1: nothing listens on the MX port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again below: connecting is refused
+    port = free_port()  # nothing listens there, and no other test's socket can take it
     async with (
         proxy_factory(("127.0.0.1", port), timeouts=FAST_TIMEOUTS) as proxy,
         await connect(proxy) as client,
