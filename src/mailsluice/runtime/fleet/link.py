@@ -32,6 +32,7 @@ from redis import asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
+from mailsluice.runtime.fleet.bounded import cancelled_meanwhile, within
 from mailsluice.runtime.fleet.scheduler import FleetScheduler
 from mailsluice.runtime.fleet.scripts import SYNC
 from mailsluice.runtime.fleet.suspensions import SharedSuspensions
@@ -121,8 +122,7 @@ class FleetLink:
     async def run(self) -> None:
         """Until cancelled (the proxy's shutdown)."""
         try:  # the first connection and the script's load, outside the deadline
-            async with asyncio.timeout(STARTUP):
-                self._sha = str(await self.client.script_load(SYNC))
+            self._sha = str(await within(STARTUP, self.client.script_load(SYNC)))
         except (RedisError, OSError, TimeoutError) as exc:
             self.scheduler.lost(_reason(exc))
         try:
@@ -134,8 +134,7 @@ class FleetLink:
                     group.create_task(self._suspending(self.suspensions))
         finally:  # (a shutdown never waits on Redis either)
             with contextlib.suppress(RedisError, OSError, TimeoutError):
-                async with asyncio.timeout(DEADLINE):
-                    await self.client.aclose()
+                await within(DEADLINE, self.client.aclose())
 
     async def _reporting(self) -> None:
         while True:
@@ -157,12 +156,7 @@ class FleetLink:
     async def _exchange(self, keys: list[DestKey], leave: bool) -> list[Any] | None:
         requests = [json.dumps(self.scheduler.request(dest, leave=leave)) for dest in keys]
         try:
-            async with asyncio.timeout(DEADLINE):
-                try:
-                    answers = await self._send(keys, requests)
-                except NoScriptError:  # a Redis that restarted (empty): load it again
-                    self._sha = None
-                    answers = await self._send(keys, requests)
+            answers = await within(DEADLINE, self._send_again_if_empty(keys, requests))
         except (RedisError, OSError, TimeoutError) as exc:
             self.scheduler.lost(_reason(exc))
             return None
@@ -174,6 +168,13 @@ class FleetLink:
         for dest, answer in zip(keys, answers, strict=True):
             self.scheduler.answered(dest, json.loads(answer))
         return True
+
+    async def _send_again_if_empty(self, keys: list[DestKey], requests: list[str]) -> list[Any]:
+        try:
+            return await self._send(keys, requests)
+        except NoScriptError:  # a Redis that restarted (empty): load it again
+            self._sha = None
+            return await self._send(keys, requests)
 
     async def _send(self, keys: list[DestKey], requests: list[str]) -> list[Any]:
         if self._sha is None:
@@ -200,9 +201,8 @@ class FleetLink:
             if scheduler.down:
                 scheduler.tick()
                 try:
-                    async with asyncio.timeout(DEADLINE):
-                        self.calls += 1
-                        await self.client.ping()
+                    self.calls += 1
+                    await within(DEADLINE, self.client.ping())
                 except (RedisError, OSError, TimeoutError):
                     continue
                 scheduler.rejoined()
@@ -220,8 +220,7 @@ class FleetLink:
             if self.scheduler.down:
                 continue
             try:
-                async with asyncio.timeout(DEADLINE):
-                    await shared.sync()
+                await within(DEADLINE, shared.sync())
             except (RedisError, OSError, TimeoutError) as exc:
                 log.debug("fleet suspensions: %s", _reason(exc))
 
@@ -233,10 +232,10 @@ class FleetLink:
                     channels = [self.channel]
                     if self.suspensions is not None:
                         channels.append(self.suspensions.channel)
-                    async with asyncio.timeout(DEADLINE):
-                        await pubsub.subscribe(*channels)
+                    await within(DEADLINE, pubsub.subscribe(*channels))
                     while True:
                         message = await pubsub.get_message(timeout=HEARTBEAT)
+                        cancelled_meanwhile()
                         if message is None:
                             continue
                         if message.get("channel") == self.channel:
@@ -244,6 +243,7 @@ class FleetLink:
                         else:
                             self._suspended.set()
             except (RedisError, OSError, TimeoutError) as exc:
+                cancelled_meanwhile()
                 log.debug("fleet wake-ups: %s; subscribing again", _reason(exc))
                 await asyncio.sleep(HEARTBEAT)
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from mailsluice.runtime.fleet.bounded import within
+
 __all__ = ["PENALTIES", "SharedPenalties"]
 
 log = logging.getLogger("mailsluice.fleet")
@@ -80,11 +82,9 @@ class SharedPenalties:
             while True:
                 await asyncio.sleep(every)
                 try:
-                    async with asyncio.timeout(deadline):
-                        await self.sync()
+                    await within(deadline, self.sync())
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.debug("fleet penalties: %s", exc or type(exc).__name__)
         finally:  # (a shutdown never waits on Redis either)
             with contextlib.suppress(RedisError, OSError, TimeoutError):
-                async with asyncio.timeout(deadline):
-                    await self._client.aclose()
+                await within(deadline, self._client.aclose())
