@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import shutil
@@ -48,6 +49,7 @@ _LOWEST_PORT = 10_000  # below: well-known and registered services' ports
 _SLICES = 16  # parallel test workers (gw0..gw15) that get ports of their own
 
 
+@functools.cache  # (the machine's setting: read once a process)
 def _ephemeral_low() -> int:
     """The first port of the kernel's ephemeral range (``connect()`` and ``bind(0)`` draw
     their ports from it); 32768 when it cannot be read."""

@@ -81,14 +81,15 @@ def open_session(
     ``mx_side`` makes the MX transport's protocol; ``sock`` is the accepted socket (None:
     the transport's is asked for)."""
     loop = services.loop
-    peer = client.get_extra_info("peername") or ("?", 0)
+    peername = client.get_extra_info("peername")
+    peer = peername or ("?", 0)
     # the socket only where it is needed (SO_ORIGINAL_DST, the loop check), with the two
     # addresses the loop read already
     accepted = None
     if services.transparent:
         accepted = AcceptedSocket(
             sock if sock is not None else client.get_extra_info("socket"),
-            client.get_extra_info("sockname"), client.get_extra_info("peername"),
+            client.get_extra_info("sockname"), peername,
         )  # fmt: skip
     refusal = None
     destination = ("", 0)
