@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.smtp.commands import (
+    HTTP_VERBS,
     KNOWN_VERBS,
     Command,
     CommandError,
@@ -395,3 +396,64 @@ def test_a_source_route_with_a_quote_is_refused() -> None:
     ok = parse_command(b"RCPT TO:<@relay.example,@other.example:user@example.org>")
     assert isinstance(ok, Command)
     assert ok.address == b"user@example.org"
+
+
+_HTTP_PIECES = [b"GET", b"Host", b"HTTP/1.1", b" ", b"\t", b":", b"MAIL", b"data", b"/",
+                b"helo", b"Accept", b"x", b"\x00", b"EHLO"]  # fmt: skip
+http_ish = st.lists(st.sampled_from(_HTTP_PIECES), max_size=8).map(b"".join)
+
+
+def _joined(*parts: bytes) -> bytes:
+    return b"".join(parts)
+
+
+smtp_verbs = st.sampled_from(sorted(KNOWN_VERBS)).map(str.encode)
+first_words = st.one_of(
+    smtp_verbs,
+    st.sampled_from(sorted(HTTP_VERBS | {"Host", "User-Agent", "Accept"})).map(str.encode),
+)
+
+
+@given(
+    st.one_of(
+        st.builds(_joined, first_words, st.sampled_from([b" ", b"\t", b":", b""]), http_ish),
+        st.binary(max_size=60),
+    ),
+    st.lists(st.booleans(), min_size=1, max_size=8),
+)
+def test_a_line_that_parses_to_an_smtp_verb_is_never_http(line: bytes, flips: list[bool]) -> None:
+    """The relay looks for HTTP only when the verb is not an SMTP one (issue 25): exact."""
+    line = random_case(line, flips)
+    parsed = parse_command(line)
+    if parsed.verb in KNOWN_VERBS:
+        assert not looks_like_http(line)
+
+
+@given(smtp_verbs, http_ish, st.lists(st.booleans(), min_size=1, max_size=8))
+def test_no_smtp_verb_starts_an_http_line(verb: bytes, tail: bytes, flips: list[bool]) -> None:
+    line = random_case(verb + b" " + tail, flips)
+    assert parse_command(line).verb != verb.decode() or not looks_like_http(line)
+
+
+def _closing_bracket_by_scan(rest: bytes) -> int | None:
+    """The reference: a byte at a time, quotes and escapes followed."""
+    quoted = escaped = False
+    for index in range(1, len(rest)):
+        char = rest[index]
+        if escaped:
+            escaped = False
+        elif char == 0x5C:
+            escaped = quoted
+        elif char == 0x22:
+            quoted = not quoted
+        elif char == 0x3E and not quoted:
+            return index
+    return None
+
+
+@given(st.lists(st.sampled_from([b"a", b"@", b">", b'"', b"\\", b" ", b"<"]), max_size=12))
+def test_closing_bracket_shortcut_agrees_with_the_scan(parts: list[bytes]) -> None:
+    from mailsluice.smtp.commands import _closing_bracket
+
+    rest = b"<" + b"".join(parts)
+    assert _closing_bracket(rest) == _closing_bracket_by_scan(rest)

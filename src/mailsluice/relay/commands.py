@@ -24,7 +24,13 @@ from mailsluice.relay.state import Await, ClientTls, Input, On, Owed, RelayState
 from mailsluice.relay.tlscheck import PolicyChecks
 from mailsluice.relay.xverp import Xverp
 from mailsluice.smtp import replies as rp
-from mailsluice.smtp.commands import Command, CommandError, looks_like_http, parse_command
+from mailsluice.smtp.commands import (
+    KNOWN_VERBS,
+    Command,
+    CommandError,
+    looks_like_http,
+    parse_command,
+)
 from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
 from mailsluice.smtp.replies import Reply
 
@@ -126,13 +132,14 @@ class ClientCommands:
 
     def _command(self, line: Line) -> None:
         out = self._out
-        # HTTP lines usually parse as (unknown) commands: look for them first.
-        if looks_like_http(line.content):
+        parsed = parse_command(line.content)
+        # HTTP lines usually parse as (unknown) commands: they go before any error. A line
+        # whose first word is an SMTP verb is never HTTP (not looked at: the hot path).
+        if parsed.verb not in KNOWN_VERBS and looks_like_http(line.content):
             out.client_line(line.content, Direction.CLIENT_TO_PROXY)
             self._local(Reply.make(221, "2.7.0", "Error: I can break rules, too. Goodbye."),
                         close="closed-by-proxy")  # fmt: skip
             return
-        parsed = parse_command(line.content)
         if isinstance(parsed, CommandError):
             out.client_line(line.content, Direction.CLIENT_TO_PROXY)
             self._error(parsed.reply)

@@ -158,6 +158,11 @@ def _split_path(rest: bytes) -> tuple[bytes, bytes, bool] | None:
 
 
 def _closing_bracket(rest: bytes) -> int | None:
+    end = rest.find(b">", 1)
+    if end < 0:
+        return None
+    if b'"' not in rest[1:end]:  # the usual path: no quoted local part, the first ">" ends it
+        return end
     quoted = False
     escaped = False
     for index in range(1, len(rest)):
@@ -175,7 +180,7 @@ def _closing_bracket(rest: bytes) -> int | None:
 
 def _plausible_mailbox(address: bytes) -> bool:
     """local@domain, or the bare ``postmaster`` RCPT TO allows (RFC 5321 §4.5.1)."""
-    if address.lower() == b"postmaster":
+    if len(address) == 10 and address.lower() == b"postmaster":
         return True
     local, at, domain = address.rpartition(b"@")
     if not at or not local or not domain or len(address) > 512:
