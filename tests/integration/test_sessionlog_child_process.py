@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.log_session import T0, session
+from tests.support.log_session import T0, chunked, session
 
-from mailsluice.sessionlog.pipe import PipeBackend
+from mailsluice.relay.records import Record
+from mailsluice.sessionlog.pipe import PipeBackend, frame
 from mailsluice.sessionlog.reader import list_sessions
 from mailsluice.sessionlog.writer import open_log
 
@@ -21,6 +22,11 @@ pytestmark = pytest.mark.integration
 
 def _frame(payload: bytes) -> bytes:
     return struct.pack("!I", len(payload)) + payload
+
+
+def _pickled(records: list[Record]) -> bytes:
+    """A batch in the pipe's general form (``P``, a pickle)."""
+    return b"P" + pickle.dumps(records)
 
 
 def _log_process(url: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
@@ -34,7 +40,7 @@ def _log_process(url: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_log_process_for_a_disabled_log_exits_at_once() -> None:
-    done = _log_process("none:", _frame(pickle.dumps(session("s1", T0))))
+    done = _log_process("none:", _frame(_pickled(session("s1", T0))))
     assert (done.returncode, done.stderr) == (0, b"")
 
 
@@ -42,16 +48,18 @@ def test_log_process_drops_a_bad_batch_and_keeps_the_rest(tmp_path: Path) -> Non
     url = f"sqlite:{tmp_path / 'log.db'}"
     open_log(url, 10).close()  # created by the parent, as serve does
     stream = (
-        _frame(b"not a pickle")
-        + _frame(pickle.dumps(session("good", T0)))
-        + _frame(b"\x80 nor this")  # reported once per 30 s, not once per batch
+        _frame(b"not a batch")
+        + _frame(_pickled(session("good", T0)))
+        + _frame(b"M\x80 nor this")  # reported once per 30 s, not once per batch
+        + _frame(b"Pnor a pickle")
+        + frame(chunked("plain", T0))  # the usual form: marshal
         + struct.pack("!I", 1000)
         + b"cut short"  # the parent died mid-frame
     )
     done = _log_process(url, stream)
     assert done.returncode == 0
     assert done.stderr.count(b"mailsluice session log: batch dropped:") == 1, done.stderr
-    assert [s["id"] for s in list_sessions(url, 0)] == ["good"]
+    assert sorted(s["id"] for s in list_sessions(url, 0)) == ["good", "plain"]
 
 
 class _StuckChild:

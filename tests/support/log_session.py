@@ -8,6 +8,7 @@ from mailsluice.relay.records import (
     SessionClosed,
     SessionOpened,
     TransactionEnded,
+    TranscriptChunk,
     TranscriptLine,
 )
 
@@ -79,3 +80,21 @@ def session(
             )
         )
     return records
+
+
+def chunked(sid: str, t0: float, txns: int = 1) -> list[Record]:
+    """``session``'s records as the relay hands them over: the transcript lines of each
+    run as one ``TranscriptChunk`` (the pipe's usual, marshalled form)."""
+    out: list[Record] = []
+    lines: list[tuple[int, float, str, str]] = []
+    for record in session(sid, t0, txns):
+        if isinstance(record, TranscriptLine):
+            lines.append((record.seq, record.at, record.direction.value, record.text))
+            continue
+        if lines:
+            out.append(TranscriptChunk(sid, tuple(lines)))
+            lines = []
+        out.append(record)
+    if lines:
+        out.append(TranscriptChunk(sid, tuple(lines)))
+    return out

@@ -12,14 +12,13 @@ it. It imports :mod:`pipe`, :mod:`backends` and :mod:`codec`, never a writer.
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import sys
 import time
 
 from mailsluice.sessionlog.backends import open_backend
 from mailsluice.sessionlog.codec import parse_log_url
-from mailsluice.sessionlog.pipe import URL_VARIABLE, read_frame
+from mailsluice.sessionlog.pipe import URL_VARIABLE, decode, read_frame
 
 __all__ = ["main"]
 
@@ -49,7 +48,7 @@ def main(argv: list[str]) -> int:
     try:
         while (payload := read_frame(stream)) is not None:
             try:
-                backend.write_batch(pickle.loads(payload))
+                backend.write_batch(decode(payload))
             except Exception as exc:  # disk full, locked database: drop the batch, go on
                 if time.monotonic() - last_error > 30:
                     last_error = time.monotonic()
