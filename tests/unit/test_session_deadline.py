@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from mailsluice.runtime.session.deadline import Deadline
+from mailsluice.runtime.session.deadline import RECHECK, Deadline
 
 
 class _Handle:
@@ -112,11 +112,13 @@ def test_a_blocked_mx_that_reads_again_leaves_the_relay_timeout() -> None:
     deadline.arm(60.0, on_server=True)
     deadline.blocked(True)
     deadline.blocked(False)
-    loop.run_until(110.0)  # fired early for the old write deadline: re-armed at 160
+    loop.run_until(110.0)  # fired early for the old write deadline: re-armed for 160
     assert events == []
-    assert loop.pending().when() == pytest.approx(160.0)
-    loop.run_until(160.0)
+    assert loop.pending().when() == pytest.approx(min(160.0, 110.0 + RECHECK))
+    while not events:
+        loop.run_until(160.0)
     assert events == ["expired"]
+    assert loop.now == pytest.approx(160.0)
 
 
 def test_cancel_leaves_no_timer() -> None:
@@ -125,3 +127,46 @@ def test_cancel_leaves_no_timer() -> None:
     deadline.arm(5.0, on_server=True)
     deadline.cancel()
     assert all(h.cancelled for h in loop.handles)
+
+
+def test_later_timeouts_need_no_new_timer_and_a_long_one_is_checked_on_the_way() -> None:
+    """Issue 25: the relay sets a timeout at every step; a later one reuses the timer."""
+    loop, events = _Loop(), list[str]()
+    deadline = _deadline(loop, events)
+    deadline.arm(300.0, on_server=False)
+    assert loop.pending().when() == pytest.approx(100.0 + RECHECK)
+    for step, seconds in enumerate([120.0, 600.0, 300.0, 180.0], start=1):
+        loop.now = 100.0 + step
+        deadline.arm(seconds, on_server=True)
+    assert len(loop.handles) == 1  # one loop timer for all five
+    loop.run_until(100.0 + RECHECK)  # early: it looks again, RECHECK on at most
+    assert events == []
+    assert loop.pending().when() == pytest.approx(100.0 + 2 * RECHECK)
+    while not events:
+        loop.run_until(10_000.0)
+    assert events == ["expired"]
+    assert loop.now == pytest.approx(104.0 + 180.0)  # the last timeout set, to the second
+
+
+def test_a_shorter_timeout_still_gets_its_own_timer() -> None:
+    loop, events = _Loop(), list[str]()
+    deadline = _deadline(loop, events)
+    deadline.arm(300.0, on_server=True)
+    loop.now = 101.0
+    deadline.arm(2.0, on_server=True)
+    assert loop.pending().when() == pytest.approx(103.0)
+    loop.run_until(103.0)
+    assert events == ["expired"]
+
+
+def test_released_it_calls_nothing_back() -> None:
+    """The connection is over: no timer, and no callback left to keep it in a cycle."""
+    loop, events = _Loop(), list[str]()
+    deadline = _deadline(loop, events)
+    deadline.arm(5.0, on_server=True)
+    timer = loop.pending()
+    deadline.release()
+    assert timer.cancelled
+    loop.now = 200.0
+    timer.callback()  # a callback already queued when it was released, run late
+    assert events == []

@@ -19,8 +19,8 @@ timer runs (``_settle``). The parts, each writing to the same ``outbox.Outbox``:
   ``filtered.FilteredData``), the upstream lease (``lease.DedicatedLease`` or
   ``borrowed.BorrowedLease``, with ``keep.KeepCheck``), the client leg's STARTTLS
   (``clienttls.ClientStartTls``), XVERP (``xverp.Xverp``), the TLS policy checks
-  (``tlscheck.PolicyChecks``). They reach the session through the ``Conductor`` this
-  class implements.
+  (``tlscheck.PolicyChecks``). They reach the session through the ``Conductor``,
+  ``switchboard.Switchboard``, unplugged by ``dispose`` when the shell is done.
 
 The rules that never bend, and where they are enforced:
 
@@ -56,14 +56,14 @@ from mailsluice.relay.lease import DedicatedLease
 from mailsluice.relay.mxreplies import MxReplies
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import CloseReason, Direction
-from mailsluice.relay.state import Await, Input, Link, On, RelayState, Sent, Slot, Stage
+from mailsluice.relay.state import Input, Link, On, RelayState, Stage
 from mailsluice.relay.streaming import StreamingData
+from mailsluice.relay.switchboard import Switchboard
 from mailsluice.relay.timers import Timers
 from mailsluice.relay.tlscheck import PolicyChecks
 from mailsluice.relay.upgrade import TlsUpgrade
 from mailsluice.relay.xverp import Xverp
 from mailsluice.smtp import replies as rp
-from mailsluice.smtp.commands import Command
 from mailsluice.smtp.lines import LineFramer
 from mailsluice.smtp.replies import Reply
 
@@ -71,7 +71,7 @@ from mailsluice.smtp.replies import Reply
 class Relay:
     """The state machine of one relayed session; see the module docstring."""
 
-    __slots__ = ("_client_desc", "_client_lines", "_client_tls", "_commands", "_data",
+    __slots__ = ("_board", "_client_desc", "_client_lines", "_client_tls", "_commands", "_data",
                  "_delivery", "_endings", "_gateway", "_host", "_intake", "_lease", "_mx", "_out",
                  "_policy", "_refusal", "_state", "_timers", "_upgrade")  # fmt: skip
 
@@ -101,43 +101,45 @@ class Relay:
         self._client_desc = (client, destination, source_ip)
         self._refusal = refusal
         self._state = state = RelayState(client_tls=client_tls)
+        self._board = board = Switchboard()  # the parts' one way back to the session
         state.mx_heard_at = now
         self._out = out = Outbox(Account(session_id, now, wall), now)
         self._client_lines = lines = LineFramer(config.max_command_line)
         keep = KeepCheck()  # may the MX connection carry another transaction?
         self._lease = lease = (
             BorrowedLease(
-                state, out, self, destination=destination, hostname=host, keep=keep,
+                state, out, board, destination=destination, hostname=host, keep=keep,
                 cached=cached, capacity=config.capacity_refusal,
             )
             if borrowed
             else DedicatedLease(
-                state, out, self, destination=destination, hostname=host, keep=keep,
+                state, out, board, destination=destination, hostname=host, keep=keep,
                 reused=reused, may_release=may_release,
             )
         )  # fmt: skip
         self._upgrade = upgrade = TlsUpgrade(
-            state, out, self, allowed=tls_allowed or tls_required, required=tls_required,
+            state, out, board, allowed=tls_allowed or tls_required, required=tls_required,
             size_limit=config.message_size_limit, hostname=host,
             remember=lease.remember_hello, advertise=(b"XVERP",) if config.xverp else (),
         )  # fmt: skip
-        self._policy = policy = PolicyChecks(state, out, self, enabled=config.tls_checks)
-        self._client_tls = tls = ClientStartTls(state, out, self)
-        verp = Xverp(state, out, self, enabled=config.xverp)
+        self._policy = policy = PolicyChecks(state, out, board, enabled=config.tls_checks)
+        self._client_tls = tls = ClientStartTls(state, out, board)
+        verp = Xverp(state, out, board, enabled=config.xverp)
         self._intake = intake = BodyIntake(config, out)
         data: DataPhase = (
-            FilteredData(state, out, self, intake, config)
+            FilteredData(state, out, board, intake, config)
             if config.filtering
-            else StreamingData(state, out, self, intake, log_headers=config.log_headers)
+            else StreamingData(state, out, board, intake, log_headers=config.log_headers)
         )
         self._data = data
         self._endings = endings = Endings(
-            state, out, self, lease=lease, client_tls=tls, client_lines=lines, hostname=host
+            state, out, board, lease=lease, client_tls=tls, client_lines=lines, hostname=host
         )
         self._delivery = delivery = Delivery(
             state, out, endings=endings, lease=lease, data=data, verp=verp, client_tls=tls,
             client_lines=lines,
         )  # fmt: skip
+        board.plug(endings, delivery)
         self._commands = ClientCommands(
             state, out, config, delivery=delivery, endings=endings, lease=lease, data=data,
             verp=verp, policy=policy, client_tls=tls, client_lines=lines,
@@ -306,7 +308,7 @@ class Relay:
         state = self._state
         if state.stage is Stage.COMMANDS:
             if state.held and not state.awaiting and state.link is Link.OPEN:
-                self.send_held()  # a link without PIPELINING: the next command
+                self._delivery.send_held()  # a link without PIPELINING: the next command
             self._policy.ask()
             if self._commands.pump():
                 self._timers.line_done = True
@@ -316,36 +318,12 @@ class Relay:
         if state.stage is not Stage.CLOSED:
             self._timers.arm()
 
-    # ----------------------------------------------------------------- the Conductor
+    # ----------------------------------------------------------------- the end
+    def dispose(self) -> None:
+        """The shell is done with this session: the parts let go of it (``switchboard``),
+        so that its objects are freed with the relay, not by the cycle collector."""
+        self._board.unplug()
+
     def fail(self, reply: Reply, reason: CloseReason) -> None:
         """End the session: the first reply the client is owed becomes ``reply``."""
         self._endings.fail(reply, reason)
-
-    def end_silently(self, reason: CloseReason) -> None:
-        self._endings.end_silently(reason)
-
-    def protocol_error(self, detail: str) -> None:
-        self._endings.protocol_error(detail)
-
-    def close_server(self) -> None:
-        self._endings.close_server()
-
-    def cut_server(self) -> None:
-        self._endings.cut_server()
-
-    def flush(self) -> None:
-        self._delivery.flush()
-
-    def local(
-        self, reply: Reply, *, close: CloseReason | None = None, hello: Command | None = None
-    ) -> None:
-        self._delivery.local(reply, close=close, hello=hello)
-
-    def forward(self, command: Command, slot: Slot, what: Await) -> None:
-        self._delivery.forward(command, slot, what)
-
-    def send(self, command: Command, sent: Sent) -> None:
-        self._delivery.send(command, sent)
-
-    def send_held(self) -> None:
-        self._delivery.send_held()

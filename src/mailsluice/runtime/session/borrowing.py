@@ -120,10 +120,13 @@ class Borrowing:
         self.probe = observe(self.destination, record, self.probe)
 
     def end(self) -> None:
-        """The session is over: its place in line and its probe with it."""
+        """The session is over: its place in line and its probe with it, and its callbacks
+        into the connection (a slot granted later goes back: ``_is_open``)."""
         self.cancel()
         probe, self.probe = self.probe, None
         finish(self.destination, probe)
+        self._feed = self._feed_soon = _ignored
+        self._is_open, self._dial = _closed, _nothing
 
     # ------------------------------------------------------------ the destination's answers
     def _granted(self, entry: Idle | None, hold: Hold) -> None:
@@ -157,3 +160,15 @@ class Borrowing:
     def _refusal_failed(self, event: ev.Event) -> None:
         self._ticket = None
         self._feed(event)
+
+
+def _ignored(event: ev.Event) -> None:
+    """An event for a session that is over."""
+
+
+def _closed() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    """A dial for a session that is over."""

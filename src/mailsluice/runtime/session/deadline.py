@@ -6,8 +6,8 @@ only *extended* by a partial line or body chunk, by its size at ``client_min_rat
 past the full timeout; the relay re-arms it when a line completes), so a client trickling
 bytes is cut like an idle one. An MX that stops reading what we write (``blocked``) is
 given ``data_block`` seconds. One loop timer serves all: it fires at the earliest deadline
-and re-arms itself when it fired early; ``expired`` and ``write_timed_out`` are the
-connection's to act on.
+or ``RECHECK`` seconds on, whichever comes first, and re-arms itself when it fired early;
+``expired`` and ``write_timed_out`` are the connection's to act on.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-__all__ = ["Deadline"]
+__all__ = ["RECHECK", "Deadline"]
+
+RECHECK = 30.0  # seconds: the loop timer looks at least this often (``Deadline._schedule``)
 
 
 class Deadline:
@@ -72,12 +74,22 @@ class Deadline:
             self._timer.cancel()
             self._timer = None
 
+    def release(self) -> None:
+        """The connection is over: no timer, and no callback into it any more (they would
+        keep it in a reference cycle)."""
+        self.cancel()
+        self._expired, self._write_timed_out = _nothing, _not_acted_on
+
     def _schedule(self, at: float) -> None:
-        """Make the timer fire no later than ``at`` (when early, it re-arms itself)."""
-        if self._timer is None or at < self._timer.when():
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(at, self._fired)
+        """Make the timer fire no later than ``at`` (when early, it re-arms itself). It
+        never looks further than ``RECHECK`` ahead: the relay sets a timeout at every step,
+        mostly a later one (a longer timeout, or the same one later), which then needs no
+        new loop timer (one a connection, not one a step: issue 25)."""
+        timer = self._timer
+        if timer is None or at < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(min(at, self._loop.time() + RECHECK), self._fired)
 
     def _fired(self) -> None:
         self._timer = None
@@ -88,4 +100,12 @@ class Deadline:
             self._expired()
             return
         next_at = min(self._at, self._write_at) if self._blocked else self._at
-        self._timer = self._loop.call_at(next_at, self._fired)
+        self._timer = self._loop.call_at(min(next_at, now + RECHECK), self._fired)
+
+
+def _nothing() -> None:
+    """A released deadline's expiry: the connection is over."""
+
+
+def _not_acted_on() -> bool:
+    return False

@@ -81,6 +81,10 @@ class _Ignored(asyncio.Protocol):
     """A closed connection's last events: nobody listens any more."""
 
 
+def _ignored(event: ev.Event) -> None:
+    """An event of a session that is over."""
+
+
 class MxLeg:
     """The MX side of one connection."""
 
@@ -291,6 +295,12 @@ class MxLeg:
         server, self.transport = self.transport, None
         if server is not None:
             server.abort()
+
+    def unhook(self) -> None:
+        """The session is over: no callback into it any more (they would keep it in a
+        reference cycle). Events of a connection still held go nowhere."""
+        self._feed = _ignored
+        self._protocol = _Ignored
 
     def forget(self) -> None:
         """The connection is over: its address pair is no longer ours."""
