@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.splitting import bytewise, cuts, split_at
 
+from mailsluice import native
 from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
 
 pytestmark = pytest.mark.unit
@@ -164,3 +165,23 @@ def test_crlf_lines_round_trip(lines: list[bytes]) -> None:
     framer = LineFramer(64)
     items = feed_all(framer, [b"".join(line + b"\r\n" for line in lines)])
     assert items == [Line(line, False) for line in lines]
+
+
+def test_a_buffer_fed_is_copied_not_held() -> None:
+    """The framer keeps what it is fed as it is (issue 25): never a buffer reused later.
+    (Compiled, ``feed`` takes nothing but bytes: mypyc checks the argument's type.)"""
+    framer = LineFramer(100)
+    data = bytearray(b"MAIL FROM:<a@b>\r\nRCPT")
+    try:
+        framer.feed(data)
+    except TypeError:
+        assert native.build() == "compiled"
+        return
+    data[:4] = b"XXXX"
+    line = framer.next_line()
+    assert isinstance(line, Line)
+    assert line.content == b"MAIL FROM:<a@b>"
+    framer.feed(memoryview(b" TO:<c@d>\r\n"))
+    line = framer.next_line()
+    assert isinstance(line, Line)
+    assert line.content == b"RCPT TO:<c@d>"

@@ -29,22 +29,28 @@ class LineTooLong:
 
 
 class LineFramer:
-    """Split a byte stream into lines of at most ``max_line`` bytes (terminator included)."""
+    """Split a byte stream into lines of at most ``max_line`` bytes (terminator included).
 
-    __slots__ = ("_buf", "_discarded", "_max_line", "_skipping")
+    What is buffered is the bytes as received and a read position in them: the usual read
+    is one whole command or reply, framed without copying it into a buffer and cutting
+    it out again (issue 25); only a line split across reads is joined.
+    """
+
+    __slots__ = ("_buf", "_discarded", "_max_line", "_pos", "_skipping")
 
     def __init__(self, max_line: int) -> None:
         if max_line < 3:
             raise ValueError("max_line must allow at least one character and CRLF")
         self._max_line = max_line
-        self._buf = bytearray()
+        self._buf = b""
+        self._pos = 0  # what is before it has been framed already
         self._skipping = False  # discarding the rest of an overlong line
         self._discarded = 0  # bytes thrown away in the current overlong line
 
     @property
     def buffered(self) -> int:
         """Bytes held that do not form a complete line yet."""
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     @property
     def discarded(self) -> int:
@@ -52,39 +58,43 @@ class LineFramer:
         return self._discarded
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        if type(data) is not bytes:  # held as it is: never a buffer its owner may reuse
+            data = bytes(data)
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = data, 0
+        else:
+            self._buf, self._pos = self._buf[self._pos :] + data, 0
 
     def next_line(self) -> Line | LineTooLong | None:
         """The next complete line, ``LineTooLong`` once per overlong line, or None."""
-        buf = self._buf
-        if not buf:  # the usual end of a read: everything taken
+        buf, pos = self._buf, self._pos
+        size = len(buf)
+        if pos >= size:  # the usual end of a read: everything taken
             return None
-        end = buf.find(b"\n", 0, self._max_line if not self._skipping else len(buf))
         if self._skipping:
+            end = buf.find(b"\n", pos)
             if end < 0:
-                self._discarded += len(buf)
-                buf.clear()
+                self._discarded += size - pos
+                self._buf, self._pos = b"", 0
                 return None
-            self._discarded += end + 1
-            del buf[: end + 1]
+            self._pos = end + 1
             self._skipping = False
             self._discarded = 0
             return self.next_line()
+        end = buf.find(b"\n", pos, pos + self._max_line)
         if end < 0:
-            if len(buf) >= self._max_line:
+            if size - pos >= self._max_line:
                 self._skipping = True
                 self._discarded = 0
                 return LineTooLong(self._max_line)
             return None
-        if end > 0 and buf[end - 1] == 0x0D:
-            line = Line(bytes(buf[: end - 1]), bare_lf=False)
-        else:
-            line = Line(bytes(buf[:end]), bare_lf=True)
-        del buf[: end + 1]
-        return line
+        self._pos = end + 1
+        if end > pos and buf[end - 1] == 0x0D:
+            return Line(buf[pos : end - 1], bare_lf=False)
+        return Line(buf[pos:end], bare_lf=True)
 
     def take_rest(self) -> bytes:
         """Remove and return everything buffered (used when the stream leaves line mode)."""
-        rest = bytes(self._buf)
-        self._buf.clear()
+        rest = self._buf[self._pos :]
+        self._buf, self._pos = b"", 0
         return rest
