@@ -37,6 +37,7 @@ COMPILED = (
     "mailsluice.runtime.fair",
     "mailsluice.sessionlog.codec",
     "mailsluice.sessionlog.sqlite.writer",
+    "mailsluice.runtime.tls.rpt_count",  # every transaction's TLS report count (issue 25)
 )
 PURE_VARIABLE = "MAILSLUICE_PURE"
 _PACKAGE = Path(__file__).resolve().parent
