@@ -330,7 +330,9 @@ class Suspensions:
     def refusal_text(self, tenant: str, host: str, port: int) -> str | None:
         """Why a session or transaction of ``tenant`` to the MX ``host:port`` may not go
         now (None: it may). ``tenant`` may be the scheduler's ``tenant@worker``."""
-        if not self._all and self._path is None:
+        if self._path is not None:
+            self._fresh()  # (at most every RECHECK seconds: a stat of the file)
+        if not self._all:  # none: the usual case, asked per connection and per transaction
             return None
         found = self.tenant(tenant.rpartition("@")[0] or tenant) or self.destination(host, port)
         return found.text() if found is not None else None
