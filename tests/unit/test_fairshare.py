@@ -17,6 +17,7 @@ connections closing, limits changing):
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -281,3 +282,57 @@ class Destination(RuleBasedStateMachine):
 
 
 TestFairShareModel = Destination.TestCase
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["ask", "cancel", "park", "gone", "leave", "limit", "allow"]),
+        st.sampled_from(TENANTS),
+        st.integers(0, 5),
+    ),
+    max_size=60,
+)
+
+
+@given(_OPS)
+def test_asking_with_nobody_in_line_grants_as_the_line_would(
+    ops: list[tuple[str, str, int]],
+) -> None:
+    """``ask``'s short way (issue 25) against the line it skips: two destinations, the same
+    facts, the one always asking in line; every answer and every count the same."""
+    quick, lined = FairShare(limit=3, weights={"d": 2.0}), FairShare(limit=3, weights={"d": 2.0})
+    tickets: list[int] = []
+    for n, (op, tenant, number) in enumerate(ops, start=1):
+        if op == "ask":
+            answers = (quick.ask(tenant, n), lined._ask_in_line(tenant, n))
+            tickets.append(n)
+        elif op == "cancel" and tickets:
+            ticket = tickets.pop(number % len(tickets))
+            answers = (quick.cancel(ticket), lined.cancel(ticket))
+        elif op == "park" and quick.busy(tenant):
+            answers = (quick.park(tenant), lined.park(tenant))
+        elif op == "gone" and quick.busy(tenant):
+            answers = (quick.gone(tenant, was="busy"), lined.gone(tenant, was="busy"))
+        elif op == "leave":
+            answers = (quick.leave(tenant), lined.leave(tenant))
+        elif op == "limit" and number:
+            answers = (quick.set_limit(number), lined.set_limit(number))
+        elif op == "allow":
+            quick.allowance = lined.allowance = None if number == 5 else number
+            continue
+        else:
+            continue
+        assert answers[0] == answers[1], (op, tenant)
+        for directive in answers[0]:
+            if isinstance(directive, Grant) and directive.ticket in tickets:
+                tickets.remove(directive.ticket)
+        assert _everything(quick) == _everything(lined), (op, tenant)
+
+
+def _everything(share: FairShare) -> object:
+    """All of a destination's state, the tie-breaks' service counts included."""
+    tenants = {
+        name: (r.weight, r.busy, r.idle, r.closing, r.served, list(r.waiting))
+        for name, r in share._tenants.items()
+    }
+    return tenants, share._tickets, share._seq, share.allowance, share.limit

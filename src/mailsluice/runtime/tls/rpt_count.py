@@ -45,6 +45,7 @@ class TlsRptCounter:
         self._checked = checked
         self._open: dict[str, tuple[str, str]] = {}  # session -> (MX address, source)
         self._defaults: dict[str, Policy] = {}  # domain -> its "no policy" (``_default``)
+        self._recipient_domains: dict[tuple[str, ...], tuple[str, ...]] = {}  # ``_domains_of``
 
     def tee(self, submit: Callable[[Record], None]) -> Callable[[Record], None]:
         """``submit``, and each record counted."""
@@ -65,14 +66,25 @@ class TlsRptCounter:
         elif isinstance(record, TransactionEnded):
             where = self._open.get(record.session_id)
             if where is not None and not self._checked:
-                domains = {recipient_domain(a.encode()) for a in record.accepted_rcpt_to}
-                for domain in sorted(d for d in domains if d):
+                for domain in self._domains_of(record.accepted_rcpt_to):
                     self._count(self._default(domain), _SUCCESS, where, record.ended_at)
         elif isinstance(record, SessionClosed):
             where = self._open.pop(record.session_id, None)
             if where is not None and record.reason == "tls-required":
                 for policy in self._policies.required_policies(where[0]):
                     self._count(policy, _NO_STARTTLS, where, record.at)
+
+    def _domains_of(self, recipients: tuple[str, ...]) -> tuple[str, ...]:
+        """The policy domains of a transaction's accepted recipients, sorted, once per
+        list of recipients (a sender's lists repeat: issue 25)."""
+        domains = self._recipient_domains.get(recipients)
+        if domains is None:
+            if len(self._recipient_domains) >= MAX_SESSIONS:
+                self._recipient_domains.clear()
+            found = {recipient_domain(a.encode()) for a in recipients}
+            domains = tuple(sorted(d for d in found if d))
+            self._recipient_domains[recipients] = domains
+        return domains
 
     def _default(self, domain: str) -> Policy:
         """The "no policy" of a domain, made once (recipients' domains repeat)."""
