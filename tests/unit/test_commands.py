@@ -435,25 +435,9 @@ def test_no_smtp_verb_starts_an_http_line(verb: bytes, tail: bytes, flips: list[
     assert parse_command(line).verb != verb.decode() or not looks_like_http(line)
 
 
-def _closing_bracket_by_scan(rest: bytes) -> int | None:
-    """The reference: a byte at a time, quotes and escapes followed."""
-    quoted = escaped = False
-    for index in range(1, len(rest)):
-        char = rest[index]
-        if escaped:
-            escaped = False
-        elif char == 0x5C:
-            escaped = quoted
-        elif char == 0x22:
-            quoted = not quoted
-        elif char == 0x3E and not quoted:
-            return index
-    return None
-
-
 @given(st.lists(st.sampled_from([b"a", b"@", b">", b'"', b"\\", b" ", b"<"]), max_size=12))
 def test_closing_bracket_shortcut_agrees_with_the_scan(parts: list[bytes]) -> None:
-    from mailsluice.smtp.commands import _closing_bracket
+    from mailsluice.smtp.commands import _closing_bracket, _closing_bracket_scan
 
     rest = b"<" + b"".join(parts)
-    assert _closing_bracket(rest) == _closing_bracket_by_scan(rest)
+    assert _closing_bracket(rest) == _closing_bracket_scan(rest)

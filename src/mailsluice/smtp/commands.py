@@ -163,6 +163,11 @@ def _closing_bracket(rest: bytes) -> int | None:
         return None
     if b'"' not in rest[1:end]:  # the usual path: no quoted local part, the first ">" ends it
         return end
+    return _closing_bracket_scan(rest)
+
+
+def _closing_bracket_scan(rest: bytes) -> int | None:
+    """A byte at a time, quotes and escapes followed (``_closing_bracket``'s long way)."""
     quoted = False
     escaped = False
     for index in range(1, len(rest)):
