@@ -185,3 +185,20 @@ def test_a_buffer_fed_is_copied_not_held() -> None:
     line = framer.next_line()
     assert isinstance(line, Line)
     assert line.content == b"RCPT TO:<c@d>"
+
+
+def test_lines_joined_across_reads_are_bytes() -> None:
+    """A line split across reads is joined in a bytearray; what comes out is bytes."""
+    framer = LineFramer(100)
+    for piece in (b"MA", b"IL FROM:<a@b>", b"\r", b"\nRCPT TO:<c@d>\n", b"DA", b"TA"):
+        framer.feed(piece)
+    first, second = framer.next_line(), framer.next_line()
+    assert isinstance(first, Line)
+    assert isinstance(second, Line)
+    assert (first.content, first.bare_lf) == (b"MAIL FROM:<a@b>", False)
+    assert (second.content, second.bare_lf) == (b"RCPT TO:<c@d>", True)
+    assert type(first.content) is bytes
+    assert type(second.content) is bytes
+    assert framer.next_line() is None
+    rest = framer.take_rest()
+    assert (rest, type(rest)) == (b"DATA", bytes)

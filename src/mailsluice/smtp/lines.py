@@ -33,7 +33,9 @@ class LineFramer:
 
     What is buffered is the bytes as received and a read position in them: the usual read
     is one whole command or reply, framed without copying it into a buffer and cutting
-    it out again (issue 25); only a line split across reads is joined.
+    it out again (issue 25). Bytes left over when more arrive go to a bytearray that
+    takes the next reads at the end (a client sending a byte at a time costs a copy of
+    each byte, not of all it has pending).
     """
 
     __slots__ = ("_buf", "_discarded", "_max_line", "_pos", "_skipping")
@@ -42,7 +44,7 @@ class LineFramer:
         if max_line < 3:
             raise ValueError("max_line must allow at least one character and CRLF")
         self._max_line = max_line
-        self._buf = b""
+        self._buf: bytes | bytearray = b""  # bytes as read, or what was left and more
         self._pos = 0  # what is before it has been framed already
         self._skipping = False  # discarding the rest of an overlong line
         self._discarded = 0  # bytes thrown away in the current overlong line
@@ -60,10 +62,15 @@ class LineFramer:
     def feed(self, data: bytes) -> None:
         if type(data) is not bytes:  # held as it is: never a buffer its owner may reuse
             data = bytes(data)
-        if self._pos >= len(self._buf):
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
             self._buf, self._pos = data, 0
+        elif isinstance(buf, bytearray):
+            del buf[:pos]  # (cheap: a bytearray drops its start by moving an offset)
+            buf += data
+            self._pos = 0
         else:
-            self._buf, self._pos = self._buf[self._pos :] + data, 0
+            self._buf, self._pos = bytearray(buf[pos:]) + data, 0
 
     def next_line(self) -> Line | LineTooLong | None:
         """The next complete line, ``LineTooLong`` once per overlong line, or None."""
@@ -89,12 +96,12 @@ class LineFramer:
                 return LineTooLong(self._max_line)
             return None
         self._pos = end + 1
-        if end > pos and buf[end - 1] == 0x0D:
-            return Line(buf[pos : end - 1], bare_lf=False)
-        return Line(buf[pos:end], bare_lf=True)
+        bare = not (end > pos and buf[end - 1] == 0x0D)
+        content = buf[pos : end if bare else end - 1]
+        return Line(content if type(content) is bytes else bytes(content), bare_lf=bare)
 
     def take_rest(self) -> bytes:
         """Remove and return everything buffered (used when the stream leaves line mode)."""
         rest = self._buf[self._pos :]
         self._buf, self._pos = b"", 0
-        return rest
+        return rest if type(rest) is bytes else bytes(rest)
