@@ -2,9 +2,9 @@
 
 A Python process has one GIL: a writer *thread* building rows and driving SQLite takes
 it from the event loop thousands of times a second. So by default the backend runs in
-a child process (:mod:`child`). The mail process only pickles each batch (a couple of
-microseconds a record) into a pipe; the child unpickles and writes. The pipe is
-private between our own two processes.
+a child process (:mod:`child`). The mail process only encodes each batch (a fraction of
+a microsecond a record) into a pipe; the child decodes and writes. The pipe is private
+between our own two processes.
 
 Framing on the pipe: a 4-byte big-endian length, then the batch (:func:`frame` builds
 one, :func:`read_frame` reads one back, :func:`decode` turns it into records again). The

@@ -26,6 +26,7 @@ from mailsluice.relay.records import Record
 from mailsluice.runtime.fair.destinations import Destination, Hold, Idle
 from mailsluice.runtime.session.dialprobe import DialProbe, finish, observe
 from mailsluice.runtime.session.mxleg import MxLeg
+from mailsluice.runtime.session.unhooked import ignore_event, nothing, refuse
 
 __all__ = ["Borrowing", "Tickets"]
 
@@ -125,8 +126,8 @@ class Borrowing:
         self.cancel()
         probe, self.probe = self.probe, None
         finish(self.destination, probe)
-        self._feed = self._feed_soon = _ignored
-        self._is_open, self._dial = _closed, _nothing
+        self._feed = self._feed_soon = ignore_event
+        self._is_open, self._dial = refuse, nothing
 
     # ------------------------------------------------------------ the destination's answers
     def _granted(self, entry: Idle | None, hold: Hold) -> None:
@@ -160,15 +161,3 @@ class Borrowing:
     def _refusal_failed(self, event: ev.Event) -> None:
         self._ticket = None
         self._feed(event)
-
-
-def _ignored(event: ev.Event) -> None:
-    """An event for a session that is over."""
-
-
-def _closed() -> bool:
-    return False
-
-
-def _nothing() -> None:
-    """A dial for a session that is over."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from mailsluice.runtime.session.unhooked import nothing, refuse
+
 __all__ = ["RECHECK", "Deadline"]
 
 RECHECK = 30.0  # seconds: the loop timer looks at least this often (``Deadline._schedule``)
@@ -78,7 +80,7 @@ class Deadline:
         """The connection is over: no timer, and no callback into it any more (they would
         keep it in a reference cycle)."""
         self.cancel()
-        self._expired, self._write_timed_out = _nothing, _not_acted_on
+        self._expired, self._write_timed_out = nothing, refuse
 
     def _schedule(self, at: float) -> None:
         """Make the timer fire no later than ``at`` (when early, it re-arms itself). It
@@ -101,11 +103,3 @@ class Deadline:
             return
         next_at = min(self._at, self._write_at) if self._blocked else self._at
         self._timer = self._loop.call_at(min(next_at, now + RECHECK), self._fired)
-
-
-def _nothing() -> None:
-    """A released deadline's expiry: the connection is over."""
-
-
-def _not_acted_on() -> bool:
-    return False

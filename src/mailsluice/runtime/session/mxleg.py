@@ -42,6 +42,7 @@ from mailsluice.runtime.net.admission import Outbound
 from mailsluice.runtime.net.dialer import plain_host
 from mailsluice.runtime.services import MxServices
 from mailsluice.runtime.session.sides import Side, format_address
+from mailsluice.runtime.session.unhooked import ignore_event
 from mailsluice.runtime.tls.contexts import peer_chain
 from mailsluice.runtime.tls.resume import Remembered, ResumeKey, Verdict
 
@@ -79,10 +80,6 @@ class _Early(asyncio.Protocol):
 
 class _Ignored(asyncio.Protocol):
     """A closed connection's last events: nobody listens any more."""
-
-
-def _ignored(event: ev.Event) -> None:
-    """An event of a session that is over."""
 
 
 class MxLeg:
@@ -299,7 +296,7 @@ class MxLeg:
     def unhook(self) -> None:
         """The session is over: no callback into it any more (they would keep it in a
         reference cycle). Events of a connection still held go nowhere."""
-        self._feed = _ignored
+        self._feed = ignore_event
         self._protocol = _Ignored
 
     def forget(self) -> None:
