@@ -68,6 +68,7 @@ _VIOLATIONS = {kind: re.compile(pattern) for kind, pattern in VIOLATIONS.items()
 _SMTPD_CONNECT = re.compile(r"/smtpd\[(?P<pid>\d+)\]: connect from \S*\[(?P<addr>[^\]]+)\]")
 _SMTPD_REFUSED = re.compile(r"/smtpd\[(?P<pid>\d+)\]: warning: Connection (concurrency|rate) limit")
 _SMTPD_DISCONNECT = re.compile(r"/smtpd\[(?P<pid>\d+)\]: disconnect from ")
+_SMTPD_LINE = re.compile(r"/smtpd\[(?P<pid>\d+)\]: ")
 _SCREEN_CONNECT = re.compile(r"/postscreen\[\d+\]: CONNECT from \[(?P<addr>[^\]]+)\]:(?P<port>\d+)")
 _SCREEN_END = re.compile(
     r"/postscreen\[\d+\]: (?:DISCONNECT|PASS NEW|PASS OLD) \[(?P<addr>[^\]]+)\]:(?P<port>\d+)"
@@ -245,31 +246,48 @@ class PostfixMX(PostfixMSA):
 
     def peak_connections(self, client: str | None = None) -> int:
         """The most connections from ``client`` (every client: None) the MX served at
-        once, in log order: smtpd's sessions from ``connect from`` to ``disconnect from``,
-        less those anvil refused at once (a limit exceeded), and postscreen's from
-        ``CONNECT`` to its ``DISCONNECT`` or its hand-off (``PASS NEW``/``PASS OLD``, after
-        which smtpd logs the same connection)."""
-        lines = self.log_lines()
-        sessions: dict[str, int] = {}  # smtpd pid -> its current session (a line index)
-        refused: set[int] = set()
-        for index, line in enumerate(lines):
-            if (match := _SMTPD_CONNECT.search(line)) is not None:
-                sessions[match["pid"]] = index
-            elif (match := _SMTPD_REFUSED.search(line)) and match["pid"] in sessions:
-                refused.add(sessions[match["pid"]])
-        smtpd: set[str] = set()
-        screened: set[str] = set()
-        peak = 0
-        for index, line in enumerate(lines):
-            if (match := _SMTPD_CONNECT.search(line)) is not None:
-                if client in (None, match["addr"]) and index not in refused:
-                    smtpd.add(match["pid"])
-            elif (match := _SMTPD_DISCONNECT.search(line)) is not None:
-                smtpd.discard(match["pid"])
-            elif (match := _SCREEN_CONNECT.search(line)) is not None:
-                if client in (None, match["addr"]):
-                    screened.add(f"{match['addr']}:{match['port']}")
-            elif (match := _SCREEN_END.search(line)) is not None:
-                screened.discard(f"{match['addr']}:{match['port']}")
-            peak = max(peak, len(smtpd) + len(screened))
-        return peak
+        once: ``peak_sessions`` of its log."""
+        return peak_sessions(self.log_lines(), client)
+
+
+def peak_sessions(lines: Sequence[str], client: str | None = None) -> int:
+    """The most sessions from ``client`` (every client: None) a Postfix MX's log shows it
+    serving at once: postscreen's from ``CONNECT`` to its ``DISCONNECT`` or its hand-off
+    (``PASS NEW``/``PASS OLD``, after which smtpd logs the same connection), and smtpd's
+    from the first line after ``connect from`` to ``disconnect from``, less those anvil
+    refused at once (a limit exceeded).
+
+    Why not from ``connect from``: smtpd logs it before asking anvil, and tells anvil of
+    the end before it logs ``disconnect from``. A connection anvil let in because an old
+    one had just ended can therefore log its ``connect from`` before the old one's
+    ``disconnect from``: in log order one more than anvil ever counted. Its next line
+    (its TLS, its first transaction) comes after anvil let it in."""
+    sessions: dict[str, int] = {}  # smtpd pid -> its current session (a line index)
+    refused: set[int] = set()
+    for index, line in enumerate(lines):
+        if (match := _SMTPD_CONNECT.search(line)) is not None:
+            sessions[match["pid"]] = index
+        elif (match := _SMTPD_REFUSED.search(line)) and match["pid"] in sessions:
+            refused.add(sessions[match["pid"]])
+    admitted: set[str] = set()  # smtpd pids whose session's next line will count it
+    smtpd: set[str] = set()
+    screened: set[str] = set()
+    peak = 0
+    for index, line in enumerate(lines):
+        if (match := _SMTPD_CONNECT.search(line)) is not None:
+            if client in (None, match["addr"]) and index not in refused:
+                admitted.add(match["pid"])
+        elif (match := _SMTPD_DISCONNECT.search(line)) is not None:
+            admitted.discard(match["pid"])
+            smtpd.discard(match["pid"])
+        elif (match := _SMTPD_LINE.search(line)) is not None:
+            if match["pid"] in admitted:
+                admitted.discard(match["pid"])
+                smtpd.add(match["pid"])
+        elif (match := _SCREEN_CONNECT.search(line)) is not None:
+            if client in (None, match["addr"]):
+                screened.add(f"{match['addr']}:{match['port']}")
+        elif (match := _SCREEN_END.search(line)) is not None:
+            screened.discard(f"{match['addr']}:{match['port']}")
+        peak = max(peak, len(smtpd) + len(screened))
+    return peak

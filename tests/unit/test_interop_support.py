@@ -8,7 +8,7 @@ import pytest
 from tests.support import interop
 from tests.support.exim_msa import EximMSA, LogEvent
 from tests.support.interop import REUSE, SINGLE, Confirmation, judge, make_probe, rows
-from tests.support.postfix_mx import StoredMessage, split_message
+from tests.support.postfix_mx import StoredMessage, peak_sessions, split_message
 
 from mailsluice_lab.postfix import PostfixMSA
 
@@ -195,3 +195,43 @@ def test_postfix_status_lines_are_parsed() -> None:
         )
     finally:
         msa.stop()
+
+
+def _smtpd(pid: int, text: str) -> str:
+    return f"Dec 07 15:17:45 mx postfix-anvil/smtpd[{pid}]: {text}"
+
+
+def _session(pid: int, queue_id: str) -> list[str]:
+    return [
+        _smtpd(pid, "connect from unknown[10.251.2.1]"),
+        _smtpd(pid, "Anonymous TLS connection established from unknown[10.251.2.1]: TLSv1.3"),
+        _smtpd(pid, f"{queue_id}: client=unknown[10.251.2.1]"),
+    ]
+
+
+def test_postfix_peak_counts_a_session_from_its_line_after_anvil() -> None:
+    """smtpd logs ``connect from`` before asking anvil and tells anvil of an end before
+    it logs ``disconnect from``: a connection let in as another ended can log its
+    connect first. Counted from its next line, it is not a fourth; a real fourth is."""
+    three = _session(1, "A1") + _session(2, "B2") + _session(3, "C3")
+    raced = [
+        *three,
+        _smtpd(4, "connect from unknown[10.251.2.1]"),  # in before 1's end is logged
+        _smtpd(1, "disconnect from unknown[10.251.2.1] ehlo=2 quit=1 commands=3"),
+        _smtpd(4, "Anonymous TLS connection established from unknown[10.251.2.1]: TLSv1.3"),
+    ]
+    assert peak_sessions(raced) == 3
+    fourth = [
+        *three,
+        *_session(4, "D4"),
+        _smtpd(1, "disconnect from unknown[10.251.2.1] ehlo=2 quit=1 commands=3"),
+    ]
+    assert peak_sessions(fourth) == 4
+    assert peak_sessions(fourth, client="10.9.9.9") == 0
+    refused = [
+        *three,
+        _smtpd(4, "connect from unknown[10.251.2.1]"),
+        _smtpd(4, "warning: Connection concurrency limit exceeded: 4 from unknown[10.251.2.1]"),
+        _smtpd(4, "disconnect from unknown[10.251.2.1] commands=0/0"),
+    ]
+    assert peak_sessions(refused) == 3
