@@ -38,6 +38,9 @@ from tests.integration.proxy_helpers import (
 )
 
 from mailsluice.policy.learned import LimitRules
+from mailsluice.runtime.fair.plug import Plug
+from mailsluice.runtime.fair.watch import Watch
+from mailsluice.runtime.server import Proxy
 from mailsluice_lab.peers.mx import ScriptedMX
 
 pytestmark = pytest.mark.integration
@@ -332,3 +335,36 @@ async def test_shutdown_with_clients_waiting(proxy_factory, tmp_path: Path) -> N
     assert len(mx.sessions) == 1  # no connection was opened for them while draining
     reasons = [s["reason"] for s in sessions(tmp_path)]
     assert reasons.count("shutdown") >= 2, reasons
+
+
+def _idle_protocols(proxy: Proxy) -> list[object]:
+    """The protocol each idle MX connection's transport holds (the destinations' own
+    books: no view shows transports)."""
+    destinations = proxy.services.destinations
+    assert destinations is not None
+    return [
+        entry.transport.get_protocol()
+        for destination in destinations._all.values()
+        for entry in destination._idle.values()
+    ]
+
+
+async def test_an_mx_connection_keeps_one_protocol_from_its_dial_to_its_close(
+    proxy_factory,
+) -> None:
+    """An MX connection changes hands at every transaction (a session's leg, the idle
+    watch) by pointing its one protocol (``fair.plug.Plug``) at the new owner, never by
+    ``set_protocol``: uvloop's stops and starts reading, an epoll change each time."""
+    async with (
+        ScriptedMX(idle_timeout=5.0) as mx,
+        proxy_factory(mx.address, timeouts=FAST_TIMEOUTS, fair=fair(idle_timeout=5.0)) as proxy,
+    ):
+        sendings = await session(proxy, TENANTS[0])
+        [plug] = _idle_protocols(proxy)
+        assert isinstance(plug, Plug)
+        assert isinstance(plug.target, Watch)
+        sendings += await session(proxy, TENANTS[0], 2)
+        assert _idle_protocols(proxy) == [plug]  # the same object: one dial, one plug
+        assert mx.stats()["connections"] == 1
+    mx.ledger.assert_no_loss(results_of(sendings))
+    assert all(s.delivered for s in sendings)

@@ -42,6 +42,9 @@ class FakeTransport:
     def set_protocol(self, protocol: Any) -> None:
         self.protocol = protocol
 
+    def get_protocol(self) -> Any:
+        return self.protocol
+
 
 class FakeLoop:
     """The running loop's timers, with the clock at ``now``."""

@@ -40,6 +40,7 @@ from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay.actions import UpstreamState
 from mailsluice.runtime import errors
 from mailsluice.runtime.fair.names import HostNames
+from mailsluice.runtime.fair.plug import hand_over
 from mailsluice.runtime.fair.watch import QUIT_WAIT, Closing, Watch
 from mailsluice.scheduling.scheduler import (
     Close,
@@ -208,7 +209,7 @@ class Destination:
             owner.scheduler.closing(self.key, hold.tenant, hold.conn, idle=False)
             self._close_politely(entry.hold, entry.transport, entry.outbound, say_quit=True)
             return
-        transport.set_protocol(Watch(partial(self.drop_idle, entry, say_quit=False)))
+        hand_over(transport, Watch(partial(self.drop_idle, entry, say_quit=False)))
         entry.idle_since = now
         hold.state = "idle"
         self._idle[hold.conn] = entry
@@ -262,7 +263,7 @@ class Destination:
             closing.finish()
             return
         closing.transport = transport
-        transport.set_protocol(closing)
+        hand_over(transport, closing)
         if say_quit:
             transport.write(b"QUIT\r\n")
         if (say_quit or half) and transport.can_write_eof():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from mailsluice.policy.tls.model import TlsFacts
 from mailsluice.relay.actions import UpstreamState
+from mailsluice.runtime.fair.plug import hand_over
 
 __all__ = ["PoolKey", "Pooled", "UpstreamPool"]
 
@@ -120,7 +121,7 @@ class UpstreamPool:
         ):
             self._close(entry, say_quit=True)
             return False
-        transport.set_protocol(_IdleWatch(self, key, entry))
+        hand_over(transport, _IdleWatch(self, key, entry))
         entry.idle_since = now
         self._idle.setdefault(key, []).append(entry)
         self.kept += 1

@@ -37,6 +37,7 @@ from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.runtime import errors
 from mailsluice.runtime.fair.destinations import Hold, Idle
+from mailsluice.runtime.fair.plug import Plug, hand_over, owner
 from mailsluice.runtime.fair.pool import Pooled, PoolKey
 from mailsluice.runtime.net.admission import Outbound
 from mailsluice.runtime.net.dialer import plain_host
@@ -131,6 +132,7 @@ class MxLeg:
         services = self._services
         host, port = self.destination
         early = _Early()
+        plug = Plug(early)  # the connection's protocol for life (``fair.plug``)
         dialled_at = services.loop.time()
         try:
             transport = await services.dial(
@@ -138,7 +140,7 @@ class MxLeg:
                 port,
                 source_ip=self.source_ip,
                 timeout=services.dialling.connect_timeout,
-                protocol_factory=lambda: early,
+                protocol_factory=lambda: plug,
                 register=self._register,
             )
         except errors.DIAL_ERRORS as exc:
@@ -155,7 +157,7 @@ class MxLeg:
         if self.hold is not None:  # fair sharing: the MX has one more of ours
             self.hold.destination.up(self.hold)
         side = self._protocol()
-        transport.set_protocol(side)
+        plug.target = side
         self._feed(ev.ServerConnected(self._source))
         early.replay(side)
 
@@ -283,8 +285,8 @@ class MxLeg:
         (a message refused mid-body is followed by another transaction)."""
         server, self.transport = self.transport, None
         if server is not None:
-            if isinstance(server.get_protocol(), Side):  # (not mid-handshake: TLS's own)
-                server.set_protocol(_Ignored())
+            if isinstance(owner(server), Side):  # (not mid-handshake: TLS's own)
+                hand_over(server, _Ignored())
             errors.close(server)
         self.forget()
 
@@ -308,7 +310,7 @@ class MxLeg:
     # ------------------------------------------------------------ fair sharing
     def adopt(self, entry: Idle) -> act.ReusedUpstream:
         """An idle connection of the tenant's, granted to this connection's transaction."""
-        entry.transport.set_protocol(self._protocol())
+        hand_over(entry.transport, self._protocol())
         self.transport, self.hold = entry.transport, entry.hold
         self._outbound, self._source = entry.outbound, entry.source
         self._opened_at, self._sessions = entry.opened_at, entry.transactions
@@ -335,7 +337,7 @@ class MxLeg:
         until the MX has closed it too (``Destination.close_busy``); False when it cannot
         (no connection, no slot, or a TLS handshake under way): ``close`` it then."""
         server, hold = self.transport, self.hold
-        if server is None or hold is None or not isinstance(server.get_protocol(), Side):
+        if server is None or hold is None or not isinstance(owner(server), Side):
             return False
         self.transport = self.hold = None
         outbound, self._outbound = self._outbound, None
@@ -358,7 +360,7 @@ class MxLeg:
         entry = pool.take(key)
         if entry is None:
             return None
-        entry.transport.set_protocol(self._protocol())
+        hand_over(entry.transport, self._protocol())
         self.transport = entry.transport
         self._outbound, entry.outbound = entry.outbound, None
         self._source, self._opened_at, self._sessions = (
