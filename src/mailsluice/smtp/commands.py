@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mailsluice.smtp.bytescan import contains, has_control
 from mailsluice.smtp.replies import Reply
 
 # Verbs the relay knows how to handle. Anything else is answered locally with 502.
@@ -27,7 +28,6 @@ KNOWN_VERBS = frozenset(
 HTTP_VERBS = frozenset({"GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "CONNECT", "PATCH"})
 HTTP_HEADER = re.compile(rb"^(Host|User-Agent|Content-Type|Content-Length|Accept)\s*:", re.I)
 
-_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _PARAM_KEYWORD = re.compile(rb"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _PARAM_VALUE = re.compile(rb"^[\x21-\x3c\x3e-\x7e\x80-\xff]+$")
 # Postfix's XVERP takes "=" in its value (``XVERP=+=``, its default delimiters), which
@@ -88,7 +88,7 @@ def _syntax(text: str, verb: str | None, code: int = 501, status: str = "5.5.4")
 
 def parse_command(line: bytes) -> Command | CommandError:
     """Parse one command line (without its line terminator)."""
-    if _CONTROL.search(line):
+    if has_control(line):
         return _syntax("Error: control character in command", None, 500, "5.5.2")
     text = line.rstrip(b" \t")
     violations = ("trailing-whitespace",) if len(text) != len(line) else ()
@@ -143,10 +143,12 @@ def _split_path(rest: bytes) -> tuple[bytes, bytes, bool] | None:
             route, colon, mailbox = inner.partition(b":")
             # a route is domains only: a quote there would leave the mailbox's quotes
             # unbalanced, a path that no longer parses on its own (found by fuzzing)
-            if not colon or b'"' in route:
+            if not colon or contains(route, b'"'):
                 return None
             inner = mailbox
-        if b"<" in inner or b">" in inner or (inner and not _plausible_mailbox(inner)):
+        if contains(inner, b"<") or contains(inner, b">"):
+            return None
+        if inner and not _plausible_mailbox(inner):
             return None
         return inner, tail.strip(b" \t"), True
     address, _, tail = rest.partition(b" ")
@@ -161,7 +163,8 @@ def _closing_bracket(rest: bytes) -> int | None:
     end = rest.find(b">", 1)
     if end < 0:
         return None
-    if b'"' not in rest[1:end]:  # the usual path: no quoted local part, the first ">" ends it
+    # the usual path: no quoted local part, the first ">" ends it
+    if not contains(rest[1:end], b'"'):
         return end
     return _closing_bracket_scan(rest)
 
@@ -192,7 +195,7 @@ def _plausible_mailbox(address: bytes) -> bool:
         return False
     if local.startswith(b"@"):  # a second source route, not a local part (found by fuzzing)
         return False
-    return b" " not in domain and (b" " not in local or local.startswith(b'"'))
+    return not contains(domain, b" ") and (not contains(local, b" ") or local.startswith(b'"'))
 
 
 def _parse_params(text: bytes) -> tuple[tuple[str, bytes | None], ...] | None:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from mailsluice.smtp.bytescan import canonical_line_ends, contains
+
 END_MARKER = b"\r\n.\r\n"
 _MARKER_PREFIXES = (b"\r\n.\r", b"\r\n.", b"\r\n", b"\r")
 
@@ -120,9 +122,9 @@ class BodyScanner:
         # not depend on how the message was segmented.
         if self._size_limit and self._size > self._size_limit:
             self._faults.add(BodyFault.TOO_BIG)
-        if b"\x00" in real:
+        if contains(real, b"\x00"):
             self._faults.add(BodyFault.NUL)
-        canonical = real.count(b"\n") == real.count(b"\r") == real.count(b"\r\n")
+        canonical = canonical_line_ends(real)
         if not canonical and not self._normalize:
             self._faults.add(BodyFault.BARE_NEWLINE)
         if self._faults:

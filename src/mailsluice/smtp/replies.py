@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mailsluice.smtp.bytescan import has_control
+
 _ENHANCED = re.compile(rb"^([245])\.(\d{1,3})\.(\d{1,3})(?: |$)")
-_BAD_TEXT = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class ReplySyntaxError(ValueError):
@@ -112,7 +113,7 @@ class ReplyAssembler:
         if separator not in (b" ", b"-", b""):
             raise ReplySyntaxError(f"bad separator after the reply code: {content[:40]!r}")
         text = content[4:]
-        if _BAD_TEXT.search(text):
+        if has_control(text):
             raise ReplySyntaxError("control character in reply text")
         self._lines.append(text)
         if len(self._lines) > self._max_lines:
