@@ -24,8 +24,8 @@ from mailsluice.smtp import replies as rp
 class Timers:
     """The deadline of one session (see the module docstring)."""
 
-    __slots__ = ("_cfg", "_data", "_endings", "_host", "_lease", "_out", "_state", "_timer",
-                 "_upgrade", "line_done")  # fmt: skip
+    __slots__ = ("_armed", "_cfg", "_data", "_endings", "_host", "_lease", "_on_server",
+                 "_out", "_seconds", "_state", "_upgrade", "line_done")  # fmt: skip
 
     def __init__(
         self,
@@ -46,12 +46,16 @@ class Timers:
         self._lease = lease
         self._upgrade = upgrade
         self._data = data
-        self._timer: tuple[float, bool] | None = None  # the last SetTimer: seconds, on_server
+        # the last SetTimer (two plain fields: a tuple made, boxed and compared at every
+        # event cost more than the rest of ``arm``)
+        self._armed = False
+        self._seconds = 0.0
+        self._on_server = False
         self.line_done = False  # a client line completed: its timeout starts afresh
 
     def fired(self) -> None:
         """The shell's timer has fired: whatever runs next is a new timer."""
-        self._timer = None
+        self._armed = False
 
     def expired(self) -> None:
         state, out, host = self._state, self._out, self._host
@@ -85,26 +89,31 @@ class Timers:
         state = self._state
         link = state.link
         if link is Link.HANDSHAKE:
-            timer = (self._cfg.timeouts.helo, True)
+            seconds, on_server = self._cfg.timeouts.helo, True
         elif link is Link.WANTED:  # waiting for a slot of the destination
-            timer = (self._cfg.timeouts.hold_max, True)
+            seconds, on_server = self._cfg.timeouts.hold_max, True
         elif state.awaiting:
             head = state.awaiting[0]
-            seconds = head.timeout
-            if seconds is None:
-                seconds = head.timeout = _reply_timeout(head.what, self._cfg.timeouts, link)
-            timer = (seconds, True)
+            timeout = head.timeout
+            if timeout is None:
+                timeout = head.timeout = _reply_timeout(head.what, self._cfg.timeouts, link)
+            seconds, on_server = timeout, True
         elif state.stage is Stage.BODY:
-            timer = (self._cfg.timeouts.client_data, False)
+            seconds, on_server = self._cfg.timeouts.client_data, False
         elif state.message is Message.JUDGED:  # a NOOP keeps the idle MX with us
-            timer = (self._cfg.filter_keepalive, False)
+            seconds, on_server = self._cfg.filter_keepalive, False
         else:
-            timer = (self._cfg.timeouts.client_idle, False)
+            seconds, on_server = self._cfg.timeouts.client_idle, False
         # A completed client line restarts the client's clock: a command must arrive whole
         # within the timeout (the shell does not restart it for a partial line).
-        if timer != self._timer or (self.line_done and not timer[1]):
-            self._timer = timer
-            self._out.actions.append(act.SetTimer(*timer))
+        if (
+            not self._armed
+            or seconds != self._seconds
+            or on_server is not self._on_server
+            or (self.line_done and not on_server)
+        ):
+            self._armed, self._seconds, self._on_server = True, seconds, on_server
+            self._out.actions.append(act.SetTimer(seconds, on_server))
         self.line_done = False
 
 
