@@ -51,6 +51,26 @@ async def test_listener_closed_while_waiting_to_retry(caplog: pytest.LogCaptureF
     assert "Raise the open-file limit" in caplog.text
 
 
+async def test_an_accepted_socket_reads_its_family_and_type_without_enums() -> None:
+    """uvloop reads both for every connection; ``socket.socket`` would build enums in
+    interpreted Python each time (issue 25). The numbers still equal the enums."""
+    [sock] = await listener.listening_sockets([(LOOPBACK, 0)], reuse_port=False)
+    adopted: list[socket.socket] = []
+    accept_loop = listener.Listener(sock, adopted.append, lambda: 0)
+    client = socket.create_connection(sock.getsockname())
+    try:
+        assert await wait_until(lambda: bool(adopted), timeout=WAIT)
+        [conn] = adopted
+        assert type(conn.family) is int and type(conn.type) is int
+        assert (conn.family, conn.type) == (socket.AF_INET, socket.SOCK_STREAM)
+        assert conn.getpeername() == client.getsockname()
+    finally:
+        client.close()
+        for conn in adopted:
+            conn.close()
+        accept_loop.close()
+
+
 async def test_listening_sockets_for_several_workers_share_the_port() -> None:
     [sock] = await listener.listening_sockets([(LOOPBACK, 0)], reuse_port=True)
     with sock:

@@ -10,6 +10,7 @@ spare is lost, retry ``accept()`` at 100% CPU for as long as the shortage lasts.
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import ctypes
 import errno
@@ -70,6 +71,18 @@ _ACCEPT_BATCH = 128  # connections taken per readiness callback (fairness to ses
 _PAUSE_FIRST, _PAUSE_MAX = 0.05, 1.0  # seconds without accepting after a failed accept()
 
 
+class AcceptedSocket(socket.socket):
+    """An accepted connection's socket, whose ``family`` and ``type`` read as plain numbers
+    (the C socket's own fields): uvloop's ``connect_accepted_socket`` reads them for every
+    connection, and ``socket.socket``'s properties turn each into an enum in interpreted
+    Python (issue 25). The numbers equal the enums (``AF_INET == 2``); they have no
+    ``name``, which nothing reads here."""
+
+    __slots__ = ()
+    family = _socket.socket.family  # type: ignore[assignment]
+    type = _socket.socket.type  # type: ignore[assignment]
+
+
 class Listener:
     """Accepts on one listening socket, handing each connection to ``adopt``; after a
     failed ``accept()`` it pauses instead of spinning (see the module docstring)."""
@@ -104,7 +117,7 @@ class Listener:
             if self._failures:
                 log.warning("accepting again after %d failed accept() calls", self._failures)
                 self._failures, self._pause = 0, _PAUSE_FIRST
-            conn = socket.socket(*self._kind, fileno=fd)  # as ``socket.accept`` makes it
+            conn = AcceptedSocket(*self._kind, fileno=fd)  # as ``socket.accept`` makes it
             if socket.getdefaulttimeout() is None and self.sock.gettimeout():
                 conn.setblocking(True)
             self._adopt(conn)
