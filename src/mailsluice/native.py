@@ -38,6 +38,10 @@ COMPILED = (
     "mailsluice.sessionlog.codec",
     "mailsluice.sessionlog.sqlite.writer",
     "mailsluice.runtime.tls.rpt_count",  # every transaction's TLS report count (issue 25)
+    "mailsluice.runtime.suspensions",
+    "mailsluice.runtime.net.dialer",
+    "mailsluice.runtime.tls.rpt_store",
+    "mailsluice.policy.tls",
 )
 PURE_VARIABLE = "MAILSLUICE_PURE"
 _PACKAGE = Path(__file__).resolve().parent
