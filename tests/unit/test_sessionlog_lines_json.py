@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.relay.records import Direction
-from mailsluice.sessionlog.sqlite.writer import lines_json
+from mailsluice.sessionlog.sqlite.writer import lines_json, micro_text
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +38,27 @@ def test_a_typical_chunk() -> None:
         '[[1,1764759512.123457,"s>c","220 mx \\"ESMTP\\"\\\\ok"],'
         '[2,1764759512.500000,"c>s","QUIT"]]'
     )
+
+
+@given(st.integers(min_value=10**6, max_value=4_294_967_295 * 10**6), st.sampled_from([-1, 0, 1]))
+def test_a_time_near_a_half_microsecond_rounds_as_the_conversion_does(
+    micros: int, step: int
+) -> None:
+    """The times where the product rounded to a double could fall on the other side of
+    the half (``micro_text``'s exact error term), and the ties, which go to even."""
+    half = (micros + 0.5) / 1e6
+    at = half if step == 0 else math.nextafter(half, step * math.inf)
+    assert micro_text(at) == format(at, ".6f")
+
+
+@given(st.floats(min_value=-1e12, max_value=1e17, allow_nan=False, allow_infinity=False))
+def test_any_time_is_the_conversion_s_text(at: float) -> None:
+    assert micro_text(at) == format(at, ".6f")
+
+
+@given(st.integers(min_value=64, max_value=2**38))
+def test_a_time_exactly_between_two_microseconds_rounds_to_even(j: int) -> None:
+    """An odd multiple of 1/128 s is exactly a half microsecond past one (10**6 / 128 =
+    7812.5): the conversion rounds those ties to even."""
+    at = (2 * j + 1) / 128
+    assert micro_text(at) == format(at, ".6f")
