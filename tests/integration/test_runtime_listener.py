@@ -61,7 +61,8 @@ async def test_an_accepted_socket_reads_its_family_and_type_without_enums() -> N
     try:
         assert await wait_until(lambda: bool(adopted), timeout=WAIT)
         [conn] = adopted
-        assert type(conn.family) is int and type(conn.type) is int
+        assert type(conn.family) is int
+        assert type(conn.type) is int
         assert (conn.family, conn.type) == (socket.AF_INET, socket.SOCK_STREAM)
         assert conn.getpeername() == client.getsockname()
     finally:

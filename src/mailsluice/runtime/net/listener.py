@@ -71,7 +71,7 @@ _ACCEPT_BATCH = 128  # connections taken per readiness callback (fairness to ses
 _PAUSE_FIRST, _PAUSE_MAX = 0.05, 1.0  # seconds without accepting after a failed accept()
 
 
-class AcceptedSocket(socket.socket):
+class ConnectionSocket(socket.socket):
     """An accepted connection's socket, whose ``family`` and ``type`` read as plain numbers
     (the C socket's own fields): uvloop's ``connect_accepted_socket`` reads them for every
     connection, and ``socket.socket``'s properties turn each into an enum in interpreted
@@ -117,7 +117,7 @@ class Listener:
             if self._failures:
                 log.warning("accepting again after %d failed accept() calls", self._failures)
                 self._failures, self._pause = 0, _PAUSE_FIRST
-            conn = AcceptedSocket(*self._kind, fileno=fd)  # as ``socket.accept`` makes it
+            conn = ConnectionSocket(*self._kind, fileno=fd)  # as ``socket.accept`` makes it
             if socket.getdefaulttimeout() is None and self.sock.gettimeout():
                 conn.setblocking(True)
             self._adopt(conn)
