@@ -6,6 +6,7 @@ connection per message (issue 25: ``Relay.dispose`` and the collaborators' ``unh
 from __future__ import annotations
 
 import gc
+import socket
 from collections import Counter
 
 import pytest
@@ -34,9 +35,12 @@ async def test_finished_sessions_leave_no_cycle_of_ours(proxy_factory, fair: boo
                 assert code == 250
             assert await wait_until(lambda: not proxy.services.connections)
             gc.collect()
+            # (the accepted socket, ``listener.ConnectionSocket``, is held by the selector
+            # loop's transport, in that transport's own cycle with its bound methods: the
+            # standard library's, as it was for ``socket.socket``; a socket holds nothing)
             ours = Counter(
                 type(o).__qualname__ for o in gc.garbage
-                if type(o).__module__.startswith("mailsluice")
+                if type(o).__module__.startswith("mailsluice") and not isinstance(o, socket.socket)
             )  # fmt: skip
         finally:
             gc.set_debug(flags)
