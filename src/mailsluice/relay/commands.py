@@ -11,6 +11,8 @@ session. Nothing is read after DATA until the MX's 354: a client that sends more
 
 from __future__ import annotations
 
+from typing import Final
+
 from mailsluice.relay.accounting import address_text
 from mailsluice.relay.body import DataPhase
 from mailsluice.relay.clienttls import ClientStartTls
@@ -34,17 +36,17 @@ from mailsluice.smtp.commands import (
 from mailsluice.smtp.lines import Line, LineFramer, LineTooLong
 from mailsluice.smtp.replies import Reply
 
-_FORWARDED = {
+_FORWARDED: Final = {
     "MAIL": (Owed.MAIL, Await.MAIL), "RCPT": (Owed.RCPT, Await.RCPT),
     "RSET": (Owed.PLAIN, Await.RSET), "NOOP": (Owed.PLAIN, Await.OTHER),
     "VRFY": (Owed.PLAIN, Await.OTHER), "EXPN": (Owed.PLAIN, Await.OTHER),
     "HELP": (Owed.PLAIN, Await.OTHER),
 }  # fmt: skip
-_TAKES_UPSTREAM = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "VRFY",
+_TAKES_UPSTREAM: Final = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "VRFY",
                              "EXPN", "HELP"})  # fmt: skip
-_DATA_WAITS = (Owed.DATA, Owed.OUR_DATA)  # DATA is out, its reply not yet given
+_DATA_WAITS: Final = (Owed.DATA, Owed.OUR_DATA)  # DATA is out, its reply not yet given
 _BYE = Reply.make(221, "2.0.0", "Bye")
-_HANDSHAKE = ClientTls.HANDSHAKE  # the client's TLS handshake (a global: the hot path)
+_HANDSHAKE: Final = ClientTls.HANDSHAKE  # the client's TLS handshake (the hot path)
 
 
 class ClientCommands:

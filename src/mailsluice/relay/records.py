@@ -11,7 +11,7 @@ clock. Message bodies are never recorded.
 from __future__ import annotations
 
 import enum
-from typing import Literal, NamedTuple, get_args
+from typing import Final, Literal, NamedTuple, get_args
 
 
 class Direction(enum.Enum):
@@ -130,4 +130,4 @@ class SessionClosed(NamedTuple):
 
 Record = SessionOpened | TranscriptLine | TranscriptChunk | TransactionEnded | SessionClosed
 
-CHUNK_LINES = 64  # a session's lines are handed over at least this often
+CHUNK_LINES: Final = 64  # a session's lines are handed over at least this often

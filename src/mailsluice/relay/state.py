@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 from mailsluice.relay.records import CloseReason, Direction
 from mailsluice.smtp.commands import Command
@@ -181,7 +182,7 @@ def _by_part(
 #: ``MOVES`` for ``RelayState.on``: by the cause's name, then by part, each part's moves by
 #: the old state's name (names, not members: an Enum's ``__hash__`` is interpreted Python,
 #: a str's is cached; issue 25)
-_STEPS = {cause._name_: _by_part(moves) for cause, moves in MOVES.items()}
+_STEPS: Final = {cause._name_: _by_part(moves) for cause, moves in MOVES.items()}
 
 
 class Owed(enum.Enum):

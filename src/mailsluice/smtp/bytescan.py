@@ -20,11 +20,13 @@ Measured with callgrind on a whole proxy (``mailsluice bench callgrind proxy``):
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["canonical_line_ends", "contains", "has_control"]
 
 _CONTROL = frozenset([*range(0x09), *range(0x0A, 0x20), 0x7F])
 # a control byte becomes a space, every other byte stays itself
-_MARK_CONTROL = bytes(0x20 if b in _CONTROL else b for b in range(256))
+_MARK_CONTROL: Final = bytes(0x20 if b in _CONTROL else b for b in range(256))
 
 
 def contains(haystack: bytes, needle: bytes) -> bool:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
 from mailsluice.smtp.bytescan import contains, has_control
 from mailsluice.smtp.replies import Reply
 
 # Verbs the relay knows how to handle. Anything else is answered locally with 502.
-KNOWN_VERBS = frozenset(
+KNOWN_VERBS: Final = frozenset(
     {
         "HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "QUIT", "VRFY", "EXPN",
         "HELP", "STARTTLS", "BDAT", "AUTH", "ETRN", "TURN", "ATRN", "XCLIENT", "XFORWARD",

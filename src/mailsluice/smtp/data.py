@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 from mailsluice.smtp.bytescan import canonical_line_ends, contains
 
-END_MARKER = b"\r\n.\r\n"
-_MARKER_PREFIXES = (b"\r\n.\r", b"\r\n.", b"\r\n", b"\r")
+END_MARKER: Final = b"\r\n.\r\n"
+_MARKER_PREFIXES: Final = (b"\r\n.\r", b"\r\n.", b"\r\n", b"\r")
 
 
 class BodyFault(enum.Enum):

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Final
 
 from mailsluice.runtime.session.unhooked import nothing, refuse
 
 __all__ = ["RECHECK", "Deadline"]
 
-RECHECK = 30.0  # seconds: the loop timer looks at least this often (``Deadline._schedule``)
+RECHECK: Final = 30.0  # seconds: the loop timer looks at least this often (``Deadline._schedule``)
 
 
 class Deadline:

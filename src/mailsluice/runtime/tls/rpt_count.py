@@ -18,6 +18,7 @@ the session log, no I/O):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from mailsluice.policy.tls.model import Level, Policy, Result, Source, Verdict
 from mailsluice.relay.records import Record, SessionClosed, SessionOpened, TransactionEnded
@@ -28,7 +29,7 @@ from mailsluice.runtime.tls.policies import TlsPolicyService
 
 __all__ = ["TlsRptCounter"]
 
-MAX_SESSIONS = 100_000  # sessions followed at once (more: their refusals go uncounted)
+MAX_SESSIONS: Final = 100_000  # sessions followed at once (more: their refusals go uncounted)
 _SUCCESS = Verdict(True, Result.SUCCESS, "no policy: opportunistic TLS, not checked")
 _NO_STARTTLS = Verdict(
     False, Result.STARTTLS_NOT_SUPPORTED, "the MX offered no STARTTLS, or refused it"
