@@ -42,8 +42,8 @@ _FORWARDED: Final = {
     "VRFY": (Owed.PLAIN, Await.OTHER), "EXPN": (Owed.PLAIN, Await.OTHER),
     "HELP": (Owed.PLAIN, Await.OTHER),
 }  # fmt: skip
-_TAKES_UPSTREAM: Final = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP", "VRFY",
-                             "EXPN", "HELP"})  # fmt: skip
+_TAKES_UPSTREAM: Final = frozenset({"HELO", "EHLO", "MAIL", "RCPT", "DATA", "RSET", "NOOP",
+                                    "VRFY", "EXPN", "HELP"})  # fmt: skip
 _DATA_WAITS: Final = (Owed.DATA, Owed.OUR_DATA)  # DATA is out, its reply not yet given
 _BYE = Reply.make(221, "2.0.0", "Bye")
 _HANDSHAKE: Final = ClientTls.HANDSHAKE  # the client's TLS handshake (the hot path)
