@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.relay.records import Direction
-from mailsluice.sessionlog.sqlite.writer import lines_json, micro_text
+from mailsluice.sessionlog.sqlite.writer import addresses_json, lines_json, micro_text
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +62,20 @@ def test_a_time_exactly_between_two_microseconds_rounds_to_even(j: int) -> None:
     7812.5): the conversion rounds those ties to even."""
     at = (2 * j + 1) / 128
     assert micro_text(at) == format(at, ".6f")
+
+
+@given(st.lists(_line, max_size=20))
+def test_the_text_is_the_plain_definition_s(lines: list[tuple[int, float, str, str]]) -> None:
+    """Each time with exactly ``format(at, ".6f")``'s digits (the fraction's groups of
+    three from the table), each text as the JSON encoder escapes it."""
+    assert lines_json(lines) == "[" + ",".join(
+        f'[{seq},{at:.6f},"{d}",{json.dumps(text)}]' for seq, at, d, text in lines
+    ) + "]"  # fmt: skip
+
+
+_ascii_text = st.text(alphabet=st.characters(max_codepoint=127), max_size=30)
+
+
+@given(st.lists(_ascii_text, max_size=5) | st.lists(_ascii_text | st.text(max_size=30), max_size=5))
+def test_addresses_are_the_json_array_dumps_writes(addresses: list[str]) -> None:
+    assert addresses_json(tuple(addresses)) == json.dumps(addresses, ensure_ascii=False)

@@ -85,7 +85,6 @@ CREATE TABLE IF NOT EXISTS transcript (
 );
 """
 
-# version -> script that brings a database at that version to version + 1
 _json_text = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode  # made once
 
 
@@ -95,35 +94,56 @@ def lines_json(lines: list[tuple[int, float, str, str]]) -> str:
     Built here rather than by the JSON encoder: the encoder writes each time with
     ``repr`` (the shortest exact decimal: a quarter of the writer process's instructions
     went there), this with six decimals (the microsecond, as precise as the clock's time
-    is useful; the same array once read back). The text goes through the encoder's own C
-    escaping; the direction is one of ``Direction``'s values, plain ASCII. (No format spec
-    inside the f-strings: compiled by mypyc, one would make the whole string a ``str.format``
-    call, slower than the interpreter's f-string.)
+    is useful; the same array once read back): ``micro_text``'s digits, the fraction from
+    a table of three-digit groups (no slicing: each slice is a new string). The text goes
+    through the encoder's own C escaping; the direction is one of ``Direction``'s values,
+    plain ASCII. (One f-string a line, without format specs: compiled by mypyc, a spec
+    makes the whole string a ``str.format`` call.)
     """
-    return "[" + ",".join(
-        [f"[{seq}," + micro_text(at) + f',"{d}",{_ascii_string(text)}]'
-         for seq, at, d, text in lines]
-    ) + "]"  # fmt: skip
+    parts: list[str] = []
+    groups = _THREE_DIGITS
+    for seq, at, d, text in lines:
+        if _MICRO_FROM <= at < _MICRO_TO:
+            whole = _micros(at)
+            fraction = whole % 1000000
+            parts.append(
+                f"[{seq},{whole // 1000000}.{groups[fraction // 1000]}{groups[fraction % 1000]}"
+                f',"{d}",{_ascii_string(text)}]'
+            )
+        else:
+            parts.append(f'[{seq},{micro_text(at)},"{d}",{_ascii_string(text)}]')
+    return "[" + ",".join(parts) + "]"
 
 
 # (Final: compiled, each is a C constant, not a look-up in the module's dictionary)
 _VELTKAMP: Final = 134217729.0  # 2**27 + 1: splits a double into two halves of 26 bits
 _MILLION: Final = 1000000.0  # 15625 * 2**6: 14 significant bits, so a half times it is exact
+_MICRO_FROM: Final = 1.0  # the times _micros takes: a session's, 1 s to 2**32 s
+_MICRO_TO: Final = 4294967296.0
+_THREE_DIGITS: Final = [f"{n:03d}" for n in range(1000)]  # "000" ... "999"
 
 
 def micro_text(at: float) -> str:
     """``format(at, ".6f")``, the same text, without the general conversion's big-number
     arithmetic (``dtoa``: about a tenth of the log writer's instructions, issue 25).
 
-    The microseconds are the exact value ``at * 10**6`` rounded half to even, as the
-    conversion rounds. The product rounded to a double (``y``) is off by ``err`` at most a
-    quarter (``y < 2**52``); Dekker's product (``at`` split in two halves by Veltkamp's
-    method) gives ``err`` exactly, so ``y + err`` is compared with the half between two
-    microseconds exactly. Times of a session (1 s to 2**32 s) take this way; others the
-    conversion's.
+    Times of a session (1 s to 2**32 s) take :func:`_micros`; others the conversion's.
     """
-    if not 1.0 <= at < 4294967296.0:
+    if not _MICRO_FROM <= at < _MICRO_TO:
         return format(at, ".6f")
+    text = str(_micros(at))
+    return text[:-6] + "." + text[-6:]
+
+
+def _micros(at: float) -> int:
+    """The exact value ``at * 10**6`` rounded half to even, as ``format(at, ".6f")``
+    rounds, for ``1 <= at < 2**32``.
+
+    The product rounded to a double (``y``) is off by ``err`` at most a quarter
+    (``y < 2**52``); Dekker's product (``at`` split in two halves by Veltkamp's method)
+    gives ``err`` exactly, so ``y + err`` is compared with the half between two
+    microseconds exactly.
+    """
     y = at * _MILLION
     c = _VELTKAMP * at
     high = c - (c - at)
@@ -133,11 +153,22 @@ def micro_text(at: float) -> str:
     above_half = err - (0.5 - (y - whole))  # exact: y - whole and 0.5 - it are
     if above_half > 0.0 or (above_half == 0.0 and whole % 2 == 1):
         whole += 1
-    text = str(whole)
-    return text[:-6] + "." + text[-6:]
+    return whole
 
 
 _ascii_string: Final = json.encoder.encode_basestring_ascii
+_json_string: Final = json.encoder.encode_basestring
+
+
+def addresses_json(addresses: tuple[str, ...]) -> str:
+    """``json.dumps(list(addresses), ensure_ascii=False)``, the same text (the column's
+    JSON array), without the encoder made anew by each ``dumps`` with options: addresses
+    in ASCII go through the encoder's C escaping (``ensure_ascii=False``'s: DEL stays as
+    it is); others are cleaned and take ``dumps``."""
+    if all(address.isascii() for address in addresses):
+        return "[" + ", ".join([_json_string(address) for address in addresses]) + "]"
+    return json.dumps([clean_text(address) for address in addresses], ensure_ascii=False)
+
 
 # version 2: the client leg's TLS (the tenants' STARTTLS), beside the MX leg's
 _CLIENT_TLS_V2 = """
@@ -150,26 +181,33 @@ _GATEWAY_V3 = """
 ALTER TABLE sessions ADD COLUMN gateway TEXT
 """
 
+# version -> script that brings a database at that version to version + 1
 _MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _CLIENT_TLS_V2, 2: _GATEWAY_V3}
 _OUR_TABLES = frozenset({"sessions", "transactions", "transcript"})
 
-_OPEN_SQL = """
-INSERT INTO sessions (id, client, destination, source_ip, started_at, gateway)
-    VALUES (?, ?, ?, ?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET client = excluded.client, destination = excluded.destination,
-    source_ip = excluded.source_ip, started_at = excluded.started_at, gateway = excluded.gateway
-"""
-_CLOSE_SQL = """
-INSERT INTO sessions (id, helo, tls_version, tls_cipher, tls_verified, ended_at, messages,
-    bytes, final_code, connect_to_354_ms, reason, client_tls_version, client_tls_cipher)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET helo = excluded.helo, tls_version = excluded.tls_version,
-    tls_cipher = excluded.tls_cipher, tls_verified = excluded.tls_verified,
-    ended_at = excluded.ended_at, messages = excluded.messages, bytes = excluded.bytes,
-    final_code = excluded.final_code, connect_to_354_ms = excluded.connect_to_354_ms,
-    reason = excluded.reason, client_tls_version = excluded.client_tls_version,
-    client_tls_cipher = excluded.client_tls_cipher
-"""
+#: the columns of ``sessions`` a ``SessionOpened`` fills, and those a ``SessionClosed`` does
+_OPENED_COLUMNS = ("client", "destination", "source_ip", "started_at", "gateway")
+_CLOSED_COLUMNS = (
+    "helo", "tls_version", "tls_cipher", "tls_verified", "ended_at", "messages", "bytes",
+    "final_code", "connect_to_354_ms", "reason", "client_tls_version", "client_tls_cipher",
+)  # fmt: skip
+
+
+def _session_upsert(columns: tuple[str, ...]) -> str:
+    """Insert a session's row, or set these columns of the row already there."""
+    marks = ", ".join("?" * (1 + len(columns)))
+    updates = ", ".join(f"{name} = excluded.{name}" for name in columns)
+    return (
+        f"INSERT INTO sessions (id, {', '.join(columns)}) VALUES ({marks})\n"
+        f"ON CONFLICT (id) DO UPDATE SET {updates}"
+    )
+
+
+_OPEN_SQL = _session_upsert(_OPENED_COLUMNS)
+_CLOSE_SQL = _session_upsert(_CLOSED_COLUMNS)
+# a session opened and closed in one batch (one message a connection: most of them):
+# one statement for the whole row, not two
+_WHOLE_SQL = _session_upsert(_OPENED_COLUMNS + _CLOSED_COLUMNS)
 _LINE_SQL = """
 INSERT OR REPLACE INTO transcript (session_id, first_seq, lines) VALUES (?, ?, ?)
 """
@@ -230,11 +268,22 @@ def create_schema(conn: sqlite3.Connection) -> None:
     _migrate(conn, Path(":memory:"))
 
 
+def _as_null(value: None) -> None:
+    return None
+
+
 class SqliteBackend:
     """Writes batches of records into a SQLite database (one transaction per batch)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # sqlite3 binds None (NULL) only after looking for an adapter, failing, and
+        # looking for ``__adapt__`` and ``__conform__`` (each miss a formatted
+        # AttributeError: a fifteenth of the log writer's instructions with one message a
+        # session, issue 25); found in the registry, None goes straight through. The
+        # registry is sqlite3's, for the whole process: this entry changes nothing for
+        # anyone (None binds as NULL either way).
+        sqlite3.register_adapter(type(None), _as_null)
         create_private_file(path, "session log", "sqlite:/var/lib/mailsluice/log.db")
         try:
             # Opened here (so startup reports a bad file), used only by the writer thread.
@@ -259,7 +308,8 @@ class SqliteBackend:
         self._conn = conn
 
     def write_batch(self, records: list[Record]) -> None:
-        opened: list[tuple[object, ...]] = []
+        opened: dict[str, tuple[object, ...]] = {}  # by session, until its closing comes
+        whole: list[tuple[object, ...]] = []  # sessions opened and closed in this batch
         chunks: dict[str, list[tuple[int, float, str, str]]] = {}
         unusual: set[str] = set()  # sessions with a line not ASCII: the JSON encoder's way
         txns: list[tuple[object, ...]] = []
@@ -281,15 +331,14 @@ class SqliteBackend:
                 unusual.add(r.session_id)  # (single lines: only from older relays and tests)
                 chunk.append((r.seq, r.at, r.direction.value, clean_text(r.text)))
             elif isinstance(r, SessionOpened):
-                opened.append(
-                    (
-                        clean_text(r.session_id),
-                        clean_text(r.client),
-                        clean_text(r.destination),
-                        clean_opt(r.source_ip),
-                        r.at,
-                        clean_opt(r.gateway),
-                    )
+                session = clean_text(r.session_id)
+                opened[session] = (  # (a replay: the later one wins, as with the upsert)
+                    session,
+                    clean_text(r.client),
+                    clean_text(r.destination),
+                    clean_opt(r.source_ip),
+                    r.at,
+                    clean_opt(r.gateway),
                 )
             elif isinstance(r, TransactionEnded):
                 txns.append(
@@ -299,8 +348,8 @@ class SqliteBackend:
                         r.started_at,
                         r.ended_at,
                         clean_text(r.mail_from),
-                        json.dumps([clean_text(a) for a in r.rcpt_to], ensure_ascii=False),
-                        json.dumps([clean_text(a) for a in r.accepted_rcpt_to], ensure_ascii=False),
+                        addresses_json(r.rcpt_to),
+                        addresses_json(r.accepted_rcpt_to),
                         r.size,
                         r.reply_code,
                         clean_opt(r.reply_text),
@@ -308,23 +357,26 @@ class SqliteBackend:
                     )
                 )
             else:
-                closed.append(
-                    (
-                        clean_text(r.session_id),
-                        clean_opt(r.helo),
-                        clean_opt(r.tls_version),
-                        clean_opt(r.tls_cipher),
-                        r.tls_verified,
-                        r.at,
-                        r.messages,
-                        r.bytes,
-                        r.final_code,
-                        r.connect_to_354_ms,
-                        clean_text(r.reason),
-                        clean_opt(r.client_tls_version),
-                        clean_opt(r.client_tls_cipher),
-                    )
+                session = clean_text(r.session_id)
+                ending = (
+                    clean_opt(r.helo),
+                    clean_opt(r.tls_version),
+                    clean_opt(r.tls_cipher),
+                    None if r.tls_verified is None else int(r.tls_verified),
+                    r.at,
+                    r.messages,
+                    r.bytes,
+                    r.final_code,
+                    r.connect_to_354_ms,
+                    clean_text(r.reason),
+                    clean_opt(r.client_tls_version),
+                    clean_opt(r.client_tls_cipher),
                 )
+                start = opened.pop(session, None)
+                if start is None:
+                    closed.append((session, *ending))
+                else:
+                    whole.append(start + ending)
         lines = [
             (
                 clean_text(sid),
@@ -336,9 +388,12 @@ class SqliteBackend:
         conn = self._conn
         conn.execute("BEGIN")
         try:
-            # Inserts before updates: a session opened and closed in one batch ends complete.
+            # Inserts before updates: a session opened and closed in one batch ends
+            # complete, whichever of its two records came first.
+            if whole:
+                conn.executemany(_WHOLE_SQL, whole)
             if opened:
-                conn.executemany(_OPEN_SQL, opened)
+                conn.executemany(_OPEN_SQL, opened.values())
             if lines:
                 conn.executemany(_LINE_SQL, lines)
             if txns:
