@@ -27,7 +27,9 @@ def _rows(path: Path, batches: list[list[Record]]) -> list[tuple[object, ...]]:
 
 def _records() -> list[Record]:
     plain = session("b-plain", T0 + 100)
-    plain[-1] = plain[-1]._replace(  # a session without TLS: its columns are NULL
+    closing = plain[-1]
+    assert isinstance(closing, SessionClosed)
+    plain[-1] = closing._replace(  # a session without TLS: its columns are NULL
         tls_version=None, tls_cipher=None, tls_verified=None, connect_to_354_ms=None
     )
     return [*session("a-tls", T0, txns=2), *plain, *session("c-open", T0 + 200, closed=False)]
