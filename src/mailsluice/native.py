@@ -38,6 +38,7 @@ COMPILED = (
     "mailsluice.runtime.fair",
     "mailsluice.sessionlog.codec",
     "mailsluice.sessionlog.sqlite.writer",
+    "mailsluice.sessionlog.sqlite.jsontext",
     "mailsluice.runtime.tls.rpt_count",  # every transaction's TLS report count (issue 25)
     "mailsluice.runtime.suspensions",
     "mailsluice.runtime.net.dialer",

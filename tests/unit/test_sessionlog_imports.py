@@ -25,7 +25,8 @@ FACE = "__init__"
 BOTTOM = {"interfaces", "pipe"}
 WRITING = BOTTOM | {"threadwriter", "loopwriter", "fanout", "child", "backends", "writer"}
 # a backend's package (sqlite/, jsonl/, postgres/, mysql/) holds its writer and its reader
-SINKS = {"sqlite.writer", "jsonl.writer", "postgres.writer", "mysql.writer", "webhook"}
+SINKS = {"sqlite.writer", "sqlite.jsontext", "jsonl.writer", "postgres.writer", "mysql.writer",
+         "webhook"}  # fmt: skip
 READING = {"reader", "sqlite.reader", "jsonl.reader", "postgres.reader", "mysql.reader",
            "query", "query_sql", "rows", "cli_commands"}  # fmt: skip
 # used by several sinks (batchrows: the SQL servers' rows), or by sinks and readers

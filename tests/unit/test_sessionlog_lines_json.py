@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mailsluice.relay.records import Direction
-from mailsluice.sessionlog.sqlite.writer import addresses_json, lines_json, micro_text
+from mailsluice.sessionlog.sqlite.jsontext import addresses_json, lines_json, micro_text
 
 pytestmark = pytest.mark.unit
 
