@@ -70,11 +70,12 @@ def test_the_mx_silence_runs_out_and_its_bytes_restart_it() -> None:
     deadline = _deadline(loop, events)
     deadline.arm(30.0, on_server=True)
     loop.now = 120.0
-    deadline.heard(from_client=False, size=5)  # the MX spoke: 30 s from now
+    deadline.heard(from_client=False, size=5, now=loop.now)  # the MX spoke: 30 s from now
     loop.run_until(130.0)  # the timer fires at 130, early: it re-arms at 150
     assert events == []
     assert loop.pending().when() == pytest.approx(150.0)
-    deadline.heard(from_client=True, size=1000)  # the client's bytes do not help the MX
+    # the client's bytes do not help the MX
+    deadline.heard(from_client=True, size=1000, now=loop.now)
     loop.run_until(150.0)
     assert events == ["expired"]
 
@@ -84,11 +85,12 @@ def test_a_trickling_client_is_extended_by_its_bytes_at_the_minimum_rate() -> No
     deadline = _deadline(loop, events)
     deadline.arm(30.0, on_server=False)  # runs out at 130
     loop.now = 110.0
-    deadline.heard(from_client=True, size=200)  # 2 s more at 100 B/s: 132
+    deadline.heard(from_client=True, size=200, now=loop.now)  # 2 s more at 100 B/s: 132
     loop.run_until(130.0)
     assert events == []
     assert loop.pending().when() == pytest.approx(132.0)
-    deadline.heard(from_client=True, size=10**9)  # never past the full timeout from now (160)
+    # never past the full timeout from now (160)
+    deadline.heard(from_client=True, size=10**9, now=loop.now)
     loop.run_until(132.0)  # fires early: re-armed at the full timeout
     assert events == []
     assert loop.pending().when() == pytest.approx(160.0)
@@ -170,3 +172,17 @@ def test_released_it_calls_nothing_back() -> None:
     loop.now = 200.0
     timer.callback()  # a callback already queued when it was released, run late
     assert events == []
+
+
+def test_a_shorter_timeout_after_the_timer_looked_again_still_gets_its_own_timer() -> None:
+    """The timer re-armed itself (fired early): a timeout shorter than its new time is
+    not left to it (the time the deadline keeps of its timer follows the re-arming)."""
+    loop, events = _Loop(), list[str]()
+    deadline = _deadline(loop, events)
+    deadline.arm(300.0, on_server=True)  # the timer looks at 130
+    loop.run_until(130.0)  # early: it looks again at 160
+    assert loop.pending().when() == pytest.approx(160.0)
+    deadline.arm(20.0, on_server=True)  # runs out at 150, before the timer's 160
+    assert loop.pending().when() == pytest.approx(150.0)
+    loop.run_until(150.0)
+    assert events == ["expired"]

@@ -86,8 +86,8 @@ class ConnectionHandler:
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (
-        "_borrowing", "_client", "_client_eof", "_client_tls", "_deadline", "_filters", "_flow",
-        "_jobs", "_lingering", "_loop", "_peer", "_services", "_sources", "mx", "relay",
+        "_borrowing", "_client", "_client_eof", "_client_tls", "_clock", "_deadline", "_filters",
+        "_flow", "_jobs", "_lingering", "_loop", "_peer", "_services", "_sources", "mx", "relay",
     )  # fmt: skip
 
     def __init__(
@@ -99,6 +99,7 @@ class ConnectionHandler:
     ) -> None:
         self._services = services
         self._loop = services.loop
+        self._clock: Callable[[], float] = self._loop.time  # looked up once: read every event
         self._client: asyncio.Transport | None = client
         self._client_eof = False  # the client half-closed: it reads our replies, sends nothing
         self._client_tls: ClientTlsUpgrade | None = None  # its handshake is under way: no writes
@@ -155,7 +156,7 @@ class ConnectionHandler:
     def _feed(self, event: ev.Event) -> None:
         relay = self.relay
         if relay is not None and not relay.closed:
-            self._step(relay, relay.handle, event)
+            self._step(relay, relay.handle, event, self._clock())
 
     def on_data(self, from_client: bool, data: bytes) -> None:
         """Bytes from either side: the hot path (``Relay.client_data``/``server_data``).
@@ -177,19 +178,24 @@ class ConnectionHandler:
             if from_client and lingering is not None and lingering.transport is not None:
                 lingering.drain(len(data))
             return
-        self._deadline.heard(from_client, len(data))
+        now = self._clock()
+        self._deadline.heard(from_client, len(data), now)
         if not from_client and self.mx.settling:  # the first reply over TLS: it can be kept
             self.mx.tls_settled()
-        self._step(relay, relay.client_data if from_client else relay.server_data, data)
+        self._step(relay, relay.client_data if from_client else relay.server_data, data, now)
 
     def _step(
-        self, relay: Relay, call: Callable[[_In, float], list[act.Action]], what: _In
+        self,
+        relay: Relay,
+        call: Callable[[_In, float], list[act.Action]],
+        what: _In,
+        now: float,
     ) -> None:
-        """Give the relay one input, perform its actions, then stop or resume reading the
-        client's backlog. A bug of ours becomes 421 4.3.0 for this connection, never a
-        crash of the server and never a 2xx."""
+        """Give the relay one input at ``now`` (the loop's time), perform its actions, then
+        stop or resume reading the client's backlog. A bug of ours becomes 421 4.3.0 for
+        this connection, never a crash of the server and never a 2xx."""
         try:
-            actions = call(what, self._loop.time())
+            actions = call(what, now)
         except Exception as exc:
             log.exception("session %s: internal error", relay.session_id)
             self._internal_failure(relay, exc)
@@ -204,7 +210,7 @@ class ConnectionHandler:
     def _internal_failure(self, relay: Relay, exc: Exception) -> None:
         """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
         try:
-            self._perform(relay.handle(errors.internal_error(exc), self._loop.time()))
+            self._perform(relay.handle(errors.internal_error(exc), self._clock()))
         except Exception:
             log.exception("session %s: cannot even report the error; closing", relay.session_id)
             self.mx.abort()
