@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.policy.deferrals import Rule
 from mailsluice.policy.tls_memory import TlsFailureMemory
-from mailsluice.relay.config import RelayConfig
+from mailsluice.relay.config import RelayConfig, TlsMode
 from mailsluice.relay.records import Record
 from mailsluice.runtime.fair.destinations import Destinations
 from mailsluice.runtime.fair.pool import UpstreamPool
@@ -412,7 +412,7 @@ class Services:
 
     # ----------------------------------------------------------------- TLS toward MXes
     def tls_allowed(self, destination: str, now: float) -> bool:
-        if self.settings.relay.tls.value == "off":
+        if self.settings.relay.tls is TlsMode.OFF:  # (not ``.value``: an enum property)
             return False
         return self._tls_memory.tls_allowed(destination, now)
 
