@@ -37,6 +37,11 @@ COMPILED = (
     "mailsluice.runtime.session",
     "mailsluice.runtime.fair",
     "mailsluice.sessionlog.codec",
+    # the log writers (``submit``: every record; framing the batches for the pipe)
+    "mailsluice.sessionlog.threadwriter",
+    "mailsluice.sessionlog.loopwriter",
+    "mailsluice.sessionlog.fanout",
+    "mailsluice.sessionlog.pipe",
     "mailsluice.sessionlog.sqlite.writer",
     "mailsluice.sessionlog.sqlite.jsontext",
     "mailsluice.runtime.tls.rpt_count",  # every transaction's TLS report count (issue 25)

@@ -27,7 +27,7 @@ async def test_batches_leave_from_the_loop_without_a_thread(tmp_path: Path) -> N
     url = f"sqlite:{tmp_path / 'log.db'}"
     writer = writer_for(url, interval=0.01, batch_size=50)
     writer.start()
-    assert writer._thread is None
+    assert writer._writer_thread is None
     for n in range(200):
         for record in session(f"s{n:03d}", T0 + n):
             writer.submit(record)
@@ -93,7 +93,7 @@ def test_without_a_loop_it_falls_back_to_the_thread(tmp_path: Path) -> None:
     url = f"sqlite:{tmp_path / 'log.db'}"
     writer = writer_for(url)
     writer.start()
-    assert writer._thread is not None
+    assert writer._writer_thread is not None
     for record in session("t", T0):
         writer.submit(record)
     assert writer.close(timeout=30)

@@ -23,13 +23,10 @@ class LogFanout(LogWriter):
             raise ValueError("LogFanout needs at least one writer")
         self.writers = tuple(writers)
         self.name = ", ".join(w.name for w in self.writers)
-        submits = tuple(w.submit for w in self.writers)
 
-        def submit(record: Record) -> None:
-            for one in submits:
-                one(record)
-
-        self.submit = submit  # type: ignore[method-assign]
+    def submit(self, record: Record) -> None:
+        for writer in self.writers:
+            writer.submit(record)
 
     def start(self) -> None:
         for writer in self.writers:

@@ -93,7 +93,7 @@ class LoopPipeWriter(LogWriter):
             self._watching = False
 
     def close(self, timeout: float = 5.0) -> bool:
-        if self._thread is not None or self._backend_closed:
+        if self._writer_thread is not None or self._backend_closed:
             return super().close(timeout)
         self.detach()
         self._closing = True

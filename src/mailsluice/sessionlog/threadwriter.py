@@ -68,7 +68,8 @@ class LogWriter:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._closing = False
-        self._thread: threading.Thread | None = None
+        # (not ``_thread``: mypyc names the C field ``__thread``, a C keyword)
+        self._writer_thread: threading.Thread | None = None
         self._backend_closed = False
         # Counters: _overflow is written by the submitting thread only, the rest by the
         # writer thread only.
@@ -125,12 +126,14 @@ class LogWriter:
 
     def start(self) -> None:
         """Start the writer thread (records submitted before are kept, up to the limit)."""
-        if self._thread is not None:
+        if self._writer_thread is not None:
             raise RuntimeError("log writer already started")
         if self._closing:
             raise RuntimeError("log writer already closed")
-        self._thread = threading.Thread(target=self._run, name="mailsluice-log-writer", daemon=True)
-        self._thread.start()
+        self._writer_thread = threading.Thread(
+            target=self._run, name="mailsluice-log-writer", daemon=True
+        )
+        self._writer_thread.start()
 
     def detach(self) -> None:
         """Stop work scheduled on the event loop (none here; see ``LoopPipeWriter``).
@@ -146,7 +149,7 @@ class LogWriter:
         ``close`` are dropped and counted.
         """
         self._closing = True
-        thread = self._thread
+        thread = self._writer_thread
         if thread is None:  # never started: flush here
             if not self._backend_closed:
                 self._drain_all()
