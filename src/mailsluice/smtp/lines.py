@@ -9,6 +9,15 @@ LF, counting what it threw away so the caller can give up on a flood.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
+
+#: A read this short, framed from its start, is cut with ``partition`` (a one-argument
+#: method, its line end found by ``memchr``) rather than ``find`` with bounds, whose
+#: arguments CPython parses the old way (``PyArg_ParseTuple``, most of a thousand
+#: instructions a line: issue 25). ``partition`` copies what follows the line too, so
+#: only a short read takes this path: a long one of many pipelined lines is framed by
+#: ``find`` and its read position, never copied once per line.
+_PARTITION_MAX: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,15 @@ class LineFramer:
         size = len(buf)
         if pos >= size:  # the usual end of a read: everything taken
             return None
+        if pos == 0 and size <= _PARTITION_MAX and isinstance(buf, bytes) and not self._skipping:
+            # the usual read: one command or one reply line (see ``_PARTITION_MAX``)
+            head, newline, _ = buf.partition(b"\n")
+            end = len(head)
+            if newline and end < self._max_line:
+                self._pos = end + 1
+                if end and head[end - 1] == 0x0D:
+                    return Line(head[: end - 1], bare_lf=False)
+                return Line(head, bare_lf=True)
         if self._skipping:
             end = buf.find(b"\n", pos)
             if end < 0:
