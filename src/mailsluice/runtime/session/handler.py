@@ -300,7 +300,56 @@ class ConnectionHandler:
                 self._perform_rare(action)
 
     def _perform_rare(self, action: act.Action) -> None:
+        # The ones every transaction or session has first; a class pattern without
+        # captures, its fields read on the narrowed action (issue 25: each pattern tried
+        # is an isinstance, a positional capture a generic attribute look-up).
         match action:
+            case act.AcquireServer():
+                assert self._borrowing is not None, "only a borrowing relay asks for a slot"
+                if self._sources is not None:
+                    choose_source(
+                        self._services,
+                        self.mx,
+                        self._borrowing,
+                        self._peer,
+                        action.sender,
+                        action.recipient,
+                    )
+                self._borrowing.ask()
+            case act.ReleaseServer():
+                if self._borrowing is None:
+                    self.mx.release(action.state)
+                else:
+                    self._borrowing.release(action.state, keep=action.keep)
+            case act.CloseClient():
+                client, self._client = self._client, None
+                if client is not None:
+                    if self._client_tls is not None:  # mid-handshake: nothing more to say
+                        client.abort()
+                    elif action.linger:
+                        self._linger(client)
+                    else:
+                        client.close()
+                if self._filters is not None:
+                    self._filters.cancel()
+            case act.CloseServer():
+                if self._borrowing is None or not self.mx.close_counted():
+                    self.mx.close()
+                    self._let_go()
+            case act.MxDeferred():
+                if self._borrowing is not None:
+                    self._borrowing.deferred(action.code, action.text)
+                if self._sources is not None:
+                    self._sources.deferred(action.code, action.text)
+            case act.Requeue():
+                self.mx.abort()
+                if self._borrowing is None:
+                    self._feed_soon(ev.ServerConnectFailed(action.reason))
+                else:
+                    self._borrowing.requeue(action.reason, capacity=action.capacity)
+            case act.CancelAcquire():
+                if self._borrowing is not None:
+                    self._borrowing.cancel()
             case act.ConnectServer():
                 self._dial()
             case act.StartServerTls():
@@ -317,23 +366,8 @@ class ConnectionHandler:
                     self._jobs.add(partial(self._client_handshake, upgrade))
                 else:  # (gone, or a bug of ours: no context, yet TLS was offered)
                     self._feed_soon(ev.ClientTlsFailed("no connection or no TLS context"))
-            case act.CloseServer():
-                if self._borrowing is None or not self.mx.close_counted():
-                    self.mx.close()
-                    self._let_go()
-            case act.CloseClient(linger):
-                client, self._client = self._client, None
-                if client is not None:
-                    if self._client_tls is not None:  # mid-handshake: nothing more to say
-                        client.abort()
-                    elif linger:
-                        self._linger(client)
-                    else:
-                        client.close()
-                if self._filters is not None:
-                    self._filters.cancel()
-            case act.SpoolData(data):
-                self._driver().spool(data)
+            case act.SpoolData():
+                self._driver().spool(action.data)
             case act.RunFilters():
                 self._jobs.add(partial(self._run_filters, action))
             case act.SendSpooled():
@@ -341,36 +375,10 @@ class ConnectionHandler:
             case act.DropSpool():
                 if self._filters is not None:
                     self._filters.drop()
-            case act.ReleaseServer(state, keep):
-                if self._borrowing is None:
-                    self.mx.release(state)
-                else:
-                    self._borrowing.release(state, keep=keep)
-            case act.AcquireServer(sender, recipient):
-                assert self._borrowing is not None, "only a borrowing relay asks for a slot"
-                if self._sources is not None:
-                    choose_source(
-                        self._services, self.mx, self._borrowing, self._peer, sender, recipient
-                    )
-                self._borrowing.ask()
-            case act.CancelAcquire():
-                if self._borrowing is not None:
-                    self._borrowing.cancel()
-            case act.Requeue(reason, capacity):
-                self.mx.abort()
-                if self._borrowing is None:
-                    self._feed_soon(ev.ServerConnectFailed(reason))
-                else:
-                    self._borrowing.requeue(reason, capacity=capacity)
-            case act.MxDeferred(code, text):
-                if self._borrowing is not None:
-                    self._borrowing.deferred(code, text)
-                if self._sources is not None:
-                    self._sources.deferred(code, text)
             case act.TlsBroken():
                 self._services.tls_failed(format_address(self.destination), time.time())
-            case act.CheckTlsPolicy(domain):
-                self._jobs.add(partial(self._check_tls_policy, domain))
+            case act.CheckTlsPolicy():
+                self._jobs.add(partial(self._check_tls_policy, action.domain))
             case _:
                 log.error("session %s: unknown relay action %r", self._session_id(), action)
 
