@@ -2,10 +2,10 @@
 
 The code that runs per message (:data:`COMPILED`: the pure core ``mailsluice.smtp``,
 ``relay``, ``scheduling``, ``policy``, the connection's shell and the helpers it calls per
-session, the session log's codec, its writers and its SQLite sink) may be compiled to C
-extension modules by mypyc (``setup.py``; ``scripts/compile`` builds them in place beside
-the sources). The sources stay the reference: the extensions are built from them, and
-Python loads the sources instead when
+session (admission), the session log's codec, its writers and its SQLite sink) may be
+compiled to C extension modules by mypyc (``setup.py``; ``scripts/compile`` builds them in
+place beside the sources). The sources stay the reference: the extensions are built from
+them, and Python loads the sources instead when
 
 * ``MAILSLUICE_PURE=1`` is set (debugging, coverage, the pure half of ``scripts/test``), or
 * in a source tree, a source is newer than the extensions (an edit since the last
@@ -49,6 +49,7 @@ COMPILED = (
     "mailsluice.runtime.net.dialer",
     "mailsluice.runtime.tls.rpt_store",
     "mailsluice.policy.tls",
+    "mailsluice.runtime.net.admission",  # every accepted connection's verdict (issue 25)
 )
 PURE_VARIABLE = "MAILSLUICE_PURE"
 _PACKAGE = Path(__file__).resolve().parent
