@@ -50,6 +50,7 @@ COMPILED = (
     "mailsluice.runtime.tls.rpt_store",
     "mailsluice.policy.tls",
     "mailsluice.runtime.net.admission",  # every accepted connection's verdict (issue 25)
+    "mailsluice.runtime.services",  # what every connection asks of the proxy (issue 25)
 )
 PURE_VARIABLE = "MAILSLUICE_PURE"
 _PACKAGE = Path(__file__).resolve().parent

@@ -20,6 +20,7 @@ from tests.integration.proxy_helpers import (
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
+from mailsluice.runtime.net import dialer
 from mailsluice.runtime.services import Services
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message
@@ -28,10 +29,11 @@ from mailsluice_lab.peers.mx import ScriptedMX
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.swaps_code  # Services is compiled: its dial cannot be swapped there
 async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_dial = Services.dial
+    real_dial = dialer.dial
     calls = 0
 
     async def dial_once_broken(*args: Any, **kwargs: Any) -> asyncio.Transport:
@@ -55,6 +57,7 @@ async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
     assert [s["reason"] for s in sessions(tmp_path)] == ["internal-error", "quit"]
 
 
+@pytest.mark.swaps_code  # Services is compiled: its dial cannot be swapped there
 async def test_a_failure_after_the_client_left_is_not_reported_as_ours(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -86,6 +86,7 @@ async def test_smart_host_given_by_name_is_resolved(proxy_factory, tmp_path: Pat
     assert len(mx.ledger.messages) == 1
 
 
+@pytest.mark.swaps_code  # Services is compiled: its dial cannot be swapped there
 async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,11 +11,10 @@ from typing import Any, cast
 from mailsluice.filtering.chain import FilterChain
 from mailsluice.policy.deferrals import DeferralClass, Rule
 from mailsluice.policy.limits import Caps
-from mailsluice.relay.records import Record
 from mailsluice.runtime.generation import build_parts
 from mailsluice.runtime.net.admission import Admission
 from mailsluice.runtime.services import MxDialling, Services
-from mailsluice.sessionlog import LogWriter
+from mailsluice.sessionlog import NullWriter
 from mailsluice.settings.config import HostPort, Settings
 from mailsluice.settings.fair import FairSettings, TenantGroup
 
@@ -48,16 +47,11 @@ def test_the_tenants_weights_are_1_unless_named() -> None:
     assert (weight("big"), weight("10.1.2.3"), weight("other")) == (3.0, 1.0, 1.0)
 
 
-class _Writer:
-    def submit(self, record: Record) -> None:
-        pass
-
-
 def test_a_reload_gives_the_connections_roles_the_new_values() -> None:
     """The roles carry values, not the settings (``services.MxServices`` and its kin): a
     reload's generation (``Services.renewed``) has the new ones, the running one keeps its
     own."""
-    writer = cast(LogWriter, _Writer())
+    writer = NullWriter()
     admission = Admission(hostname="gw", allowed=(), caps=Caps(10, 10), transparent=True)
     parts = build_parts(PLAIN, None, state=None, results=None)
     first = Services(PLAIN, writer, admission, mx_tls=parts.mx_tls)
@@ -79,3 +73,35 @@ def test_a_reload_gives_the_connections_roles_the_new_values() -> None:
     assert first.dialling == MxDialling(None, old.connect, old.helo)
     assert first.transparent
     assert first.deferral_rules == PLAIN.fair.deferral_rules
+
+
+def test_a_reload_shares_the_workers_state_and_its_session_numbers() -> None:
+    """What every generation of a worker shares (``Services._share``): fair sharing, the
+    sources, the operator's suspensions, the TLS state, the live connections; and the
+    session ids, which go on counting (six digits at least) instead of starting again."""
+    admission = Admission(hostname="gw", allowed=(), caps=Caps(10, 10), transparent=True)
+    parts = build_parts(PLAIN, None, state=None, results=None)
+    first = Services(PLAIN, NullWriter(), admission, mx_tls=parts.mx_tls)
+    ids = [first.new_session_id() for _ in range(9)]
+    second = first.renewed(PLAIN, NullWriter(), None, parts.mx_tls, None)
+    ids += [second.new_session_id(), first.new_session_id()]
+    prefix = ids[0].rpartition("-")[0]
+    assert ids == [f"{prefix}-{n:06d}" for n in range(1, 12)]
+    for shared in ("destinations", "fleet", "sources", "suspensions", "tls_context",
+                   "chain_verifier", "resumption", "pool", "connections", "admission"):  # fmt: skip
+        assert getattr(second, shared) is getattr(first, shared), shared
+    assert second.destinations is not None
+    assert second.log_writer is not first.log_writer
+    assert second.live == first.live == 0
+
+
+def test_the_tenant_of_an_address_with_and_without_tenant_groups() -> None:
+    admission = Admission(hostname="gw", allowed=(), caps=Caps(10, 10), transparent=True)
+    parts = build_parts(PLAIN, None, state=None, results=None)
+    plain = Services(PLAIN, NullWriter(), admission, mx_tls=parts.mx_tls)
+    assert plain.tenant_of("::ffff:192.0.2.7") == plain.tenant_of("192.0.2.7") == "192.0.2.7"
+    group = TenantGroup("big", (ipaddress.ip_network("192.0.2.0/24"),))
+    grouped = replace(PLAIN, fair=replace(PLAIN.fair, tenants=(group,)))
+    services = plain.renewed(grouped, NullWriter(), None, parts.mx_tls, None)
+    assert services.tenant_of("::ffff:192.0.2.7") == services.tenant_of("192.0.2.7") == "big"
+    assert services.tenant_of("198.51.100.1") == "198.51.100.1"

@@ -47,7 +47,7 @@ from mailsluice.runtime.net.listener import (
 )
 from mailsluice.runtime.reload import REFUSALS, ReloadResult, RetiredWriters, prepare
 from mailsluice.runtime.services import Services
-from mailsluice.runtime.session.handler import ClientProtocol
+from mailsluice.runtime.session.accepted import serve_accepted
 from mailsluice.runtime.sinks import open_sinks
 from mailsluice.runtime.suspensions import suspensions_of
 from mailsluice.runtime.tls.mx import MxTls
@@ -125,25 +125,14 @@ class Proxy:
 
     def _adopt(self, conn: socket.socket) -> None:
         """Handle an accepted connection in a task of its own: the one that sets up the
-        transport, then lives as long as the connection (``ConnectionHandler.run``)."""
+        transport, then lives as long as the connection (``session.accepted``)."""
         assert self._group is not None
-        setup = self._connect_accepted(conn)
+        setup = serve_accepted(self.services, conn)
         try:
             self._group.create_task(setup)
         except RuntimeError:  # the group is closing: we are shutting down
             setup.close()
             conn.close()
-
-    async def _connect_accepted(self, conn: socket.socket) -> None:
-        try:  # (the loop makes the socket non-blocking)
-            _, client = await self.services.loop.connect_accepted_socket(
-                lambda: ClientProtocol(self.services, conn), conn
-            )
-        except Exception as exc:  # one connection must never end the TaskGroup
-            log.warning("cannot set up an accepted connection: %s", exc)
-            conn.close()
-            return
-        await client.handler.run()
 
     async def __aenter__(self) -> Proxy:
         self.log_writer.start()

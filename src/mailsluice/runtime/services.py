@@ -29,8 +29,6 @@ connection ends, so what it alone owns (an old log writer) is closed then.
 from __future__ import annotations
 
 import asyncio
-import copy
-import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -231,19 +229,21 @@ def _submitter(
 class _Registry:
     """The live connections, shared by every generation."""
 
-    __slots__ = ("connections", "slots", "total", "unclaimed")
+    __slots__ = ("connections", "sessions", "slots", "total", "unclaimed")
 
     def __init__(self) -> None:
         self.connections: set[Registered] = set()
         self.total = 0
+        self.sessions = 0  # session ids given (``Services.new_session_id``)
         self.slots: dict[Registered, str] = {}  # admitted connection -> its client key
         self.unclaimed: str | None = None  # slot taken by ``admit`` for the one being made
 
 
 class Services:
-    """The proxy's services for its connections (one per worker)."""
+    """The proxy's services for its connections (one per worker).
 
-    dial = staticmethod(dial)  # the MX leg's (``MxServices.dial``)
+    ``older``: the generation this one follows (``renewed``), whose shared parts it
+    takes over instead of making its own."""
 
     def __init__(
         self,
@@ -255,14 +255,21 @@ class Services:
         mx_tls: MxTls | None = None,
         client_tls_context: ssl.SSLContext | None = None,
         metrics: Metrics | None = None,
+        *,
+        older: Services | None = None,
     ) -> None:
         self.metrics = metrics
         self.admission = admission
-        fair = settings.fair
         self._take(
             settings, log_writer, filter_chain,
             mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname), client_tls_context,
         )  # fmt: skip
+        self._mine: set[Registered] = set()  # this generation's live connections
+        self.drained: Callable[[Services], None] | None = None  # set when retired
+        if older is not None:
+            self._share(older)
+            return
+        fair = settings.fair
         self.destinations: Destinations | None = None
         self.fleet: FleetLink | None = None  # shared_state: the link to the fleet's state
         if fair.enabled:
@@ -282,9 +289,6 @@ class Services:
         self.resumption = Resumption() if settings.tls.resumption else None
         self._tls_memory = TlsFailureMemory()
         self._registry = _Registry()
-        self._mine: set[Registered] = set()  # this generation's live connections
-        self.drained: Callable[[Services], None] | None = None  # set when retired
-        self._ids = itertools.count(1)
         self._id_prefix = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self.pool: UpstreamPool | None = None  # idle MX connections (reuse_connections)
@@ -305,10 +309,21 @@ class Services:
     ) -> Services:
         """The next generation (see the module docstring): what is given is its own,
         the rest is shared with this one."""
-        new = copy.copy(self)
-        new._take(settings, log_writer, filter_chain, mx_tls, client_tls_context)
-        new._mine, new.drained = set(), None
-        return new
+        return Services(
+            settings, log_writer, self.admission, filter_chain, mx_tls=mx_tls,
+            client_tls_context=client_tls_context, metrics=self.metrics, older=self,
+        )  # fmt: skip
+
+    def _share(self, older: Services) -> None:
+        """What every generation of a worker shares: fair sharing and the fleet, the
+        source addresses, the operator's suspensions, the TLS state toward MXes, the
+        registry of live connections, the session ids, the pool."""
+        self.destinations, self.fleet = older.destinations, older.fleet
+        self.sources, self.suspensions = older.sources, older.suspensions
+        self.tls_context, self.chain_verifier = older.tls_context, older.chain_verifier
+        self.resumption, self._tls_memory = older.resumption, older._tls_memory
+        self._registry, self._id_prefix = older._registry, older._id_prefix
+        self._loop, self.pool = older._loop, older.pool
 
     def _take(
         self,
@@ -324,12 +339,29 @@ class Services:
         self.dialling = MxDialling.of(settings)
         self.transparent = settings.upstream is None
         self.deferral_rules = settings.fair.deferral_rules
+        self._tenant_groups = bool(settings.fair.tenants)
         self.filtering = settings.filtering
         self.filter_chain = filter_chain  # filter mode (settings.filters) needs one
         self.mx_tls, self.client_tls_context = mx_tls, client_tls_context
         # the records go to this generation's writer (and counted, and said with -v)
         self.submit_record = _submitter(settings, log_writer, self.metrics, mx_tls)
         self.relay_config = _relay_config(settings, mx_tls)
+
+    def dial(
+        self,
+        host: str,
+        port: int,
+        *,
+        source_ip: str | None,
+        timeout: float,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        register: Register,
+    ) -> Awaitable[asyncio.Transport]:
+        """The MX leg's connect (``net.dialer.dial``)."""
+        return dial(
+            host, port, source_ip=source_ip, timeout=timeout, protocol_factory=protocol_factory,
+            register=register,
+        )  # fmt: skip
 
     @property
     def live(self) -> int:
@@ -354,9 +386,18 @@ class Services:
         return loop
 
     def new_session_id(self) -> str:
-        return f"{self._id_prefix}-{next(self._ids):06d}"
+        """The process's prefix and a number of at least six digits (built with
+        primitives: a format specification is a generic call, issue 25)."""
+        registry = self._registry
+        registry.sessions += 1
+        number = str(registry.sessions)
+        if len(number) < 6:
+            number = "00000"[: 6 - len(number)] + number
+        return self._id_prefix + "-" + number
 
     def tenant_of(self, client_ip: str) -> str:
+        if not self._tenant_groups:  # (the usual case: every address its own tenant)
+            return client_ip.removeprefix("::ffff:")
         return self.settings.fair.tenant_of(client_ip)
 
     def use_suspensions(self, suspensions: Suspensions) -> None:
@@ -394,7 +435,8 @@ class Services:
         verdict = self.admission.admit(client_ip, destination, sock)
         if isinstance(verdict, Reply):
             return verdict
-        paused = self.suspensions.refusal_text(self.tenant_of(client_ip), *destination)
+        host, port = destination
+        paused = self.suspensions.refusal_text(self.tenant_of(client_ip), host, port)
         if paused is not None:  # the operator's suspension: the client tries again later
             self.admission.release(verdict)
             return Reply.make(421, "4.7.0", f"{self.settings.relay.hostname} {paused}")

@@ -98,6 +98,8 @@ class Listener:
         # what ``socket.accept`` gives each connection, as plain numbers: it reads them as
         # enums (``AddressFamily(...)``, ``SocketKind(...)``: interpreted Python) every time
         self._kind = (int(sock.family), int(sock.type), sock.proto)
+        # and its blocking mode, as ``socket.accept`` sets it (asked once, not each time)
+        self._blocking = socket.getdefaulttimeout() is None and bool(sock.gettimeout())
         self._pause = _PAUSE_FIRST
         self._failures = 0  # failed accept() calls since the last success
         self._retry: asyncio.TimerHandle | None = None
@@ -118,7 +120,7 @@ class Listener:
                 log.warning("accepting again after %d failed accept() calls", self._failures)
                 self._failures, self._pause = 0, _PAUSE_FIRST
             conn = ConnectionSocket(*self._kind, fileno=fd)  # as ``socket.accept`` makes it
-            if socket.getdefaulttimeout() is None and self.sock.gettimeout():
+            if self._blocking:
                 conn.setblocking(True)
             self._adopt(conn)
 

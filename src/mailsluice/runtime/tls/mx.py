@@ -63,6 +63,8 @@ class MxTls:
 
     def allowed(self, mx_ip: str) -> bool:
         """TLS may be started with this address (not under a ``none`` rule)."""
+        if not self._settings.rules:  # (the usual case, asked once a connection)
+            return True
         rule = rule_for(self._settings.rules, "", None, mx_ip)
         return rule is None or rule.level is not Level.NONE
 
