@@ -17,7 +17,7 @@ connections closing, limits changing):
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -336,3 +336,79 @@ def _everything(share: FairShare) -> object:
         for name, r in share._tenants.items()
     }
     return tenants, share._tickets, share._seq, share.allowance, share.limit
+
+
+# (asks and ends twice as often: a line forms, slots free up)
+_FILL_FACTS = ("ask", "ask", "again", "cancel", "park", "park", "drop", "end", "close", "gone",
+               "gone", "leave", "limit", "allow")  # fmt: skip
+_FILL_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(_FILL_FACTS),
+        st.sampled_from(TENANTS[:3]),
+        st.integers(0, 5),
+    ),
+    min_size=4,
+    max_size=80,
+)
+
+
+@given(_FILL_OPS)
+# (and the cases random facts seldom reach: a tenant with an idle connection first in line
+# when the pace lets it through again; its own idle connection while nothing else is free;
+# the service count and the name breaking ties)
+@example([("ask", "a", 0)] * 3 + [("allow", "a", 0), ("park", "a", 0), ("drop", "a", 0),
+          ("allow", "a", 5)])  # fmt: skip
+@example([("ask", "a", 0)] * 3 + [("park", "a", 0)])
+@example([("ask", "b", 0), ("ask", "a", 0), ("ask", "a", 0), ("ask", "c", 0), ("drop", "a", 0)])
+@example([("ask", "a", 0), ("ask", "b", 0), ("allow", "a", 0), ("again", "b", 0),
+          ("again", "a", 0), ("allow", "a", 5)])  # fmt: skip
+def test_the_fills_short_ways_decide_as_the_full_scan(ops: list[tuple[str, str, int]]) -> None:
+    """``_fill``'s short ways (issue 25: room left, the first in line; no room and nothing
+    idle, nobody) against the full scan of the line: two destinations, the same facts, the
+    other always scanning; every answer (grants and reclaims, in order) and every count the
+    same. Connections end in every way (busy, idle, closing), tickets come back first in
+    line (a capacity refusal), limits and the pace change."""
+    quick = FairShare(limit=2, weights={"c": 2.0})
+    scanning = FairShare(limit=2, weights={"c": 2.0})
+    scanning.scan_always = True
+    tickets: list[int] = []
+    for n, (op, tenant, number) in enumerate(ops, start=1):
+        if op == "ask":
+            answers = (quick.ask(tenant, n), scanning.ask(tenant, n))
+            tickets.append(n)
+        elif op == "again" and quick.busy(tenant):  # refused for capacity: back, first
+            quick.gone(tenant, was="busy")
+            scanning.gone(tenant, was="busy")
+            answers = (quick.ask_again(tenant, n), scanning.ask_again(tenant, n))
+            tickets.append(n)
+        elif op == "cancel" and tickets:
+            ticket = tickets.pop(number % len(tickets))
+            answers = (quick.cancel(ticket), scanning.cancel(ticket))
+        elif op == "park" and quick.busy(tenant):
+            answers = (quick.park(tenant), scanning.park(tenant))
+        elif op == "drop" and quick.busy(tenant):  # a busy connection lost (the MX hung up)
+            answers = (quick.gone(tenant, was="busy"), scanning.gone(tenant, was="busy"))
+        elif op == "end" and quick.idle(tenant):  # an idle connection dropped
+            answers = (quick.gone(tenant, was="idle"), scanning.gone(tenant, was="idle"))
+        elif op == "close" and (quick.busy(tenant) or quick.idle(tenant)):
+            idle = quick.idle(tenant) > 0
+            quick.closing(tenant, idle=idle)
+            scanning.closing(tenant, idle=idle)
+            continue
+        elif op == "gone" and quick._tenants.get(tenant) and quick._tenants[tenant].closing:
+            answers = (quick.gone(tenant), scanning.gone(tenant))
+        elif op == "leave":
+            answers = (quick.leave(tenant), scanning.leave(tenant))
+            tickets = [t for t in tickets if t in quick._tickets]
+        elif op == "limit" and number:
+            answers = (quick.set_limit(number), scanning.set_limit(number))
+        elif op == "allow":  # the pace lets some through (or none), then fills again
+            quick.allowance = scanning.allowance = None if number == 5 else number
+            answers = (quick.refill(), scanning.refill())
+        else:
+            continue
+        assert answers[0] == answers[1], (op, tenant)
+        for directive in answers[0]:
+            if isinstance(directive, Grant) and directive.ticket in tickets:
+                tickets.remove(directive.ticket)
+        assert _everything(quick) == _everything(scanning), (op, tenant)
