@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mailsluice.smtp import commands
 from mailsluice.smtp.commands import (
     HTTP_VERBS,
     KNOWN_VERBS,
@@ -441,3 +442,32 @@ def test_closing_bracket_shortcut_agrees_with_the_scan(parts: list[bytes]) -> No
 
     rest = b"<" + b"".join(parts)
     assert _closing_bracket(rest) == _closing_bracket_scan(rest)
+
+
+# the bytes a path's checks turn on, and a few plain ones
+_PATH_BYTES = st.lists(st.sampled_from(list(b'<>" \t@:\\ab.')), max_size=40).map(bytes)
+
+
+@given(_PATH_BYTES)
+def test_a_plain_path_is_split_as_the_long_way_splits_it(path: bytes) -> None:
+    """A bracketed path without a quote, a bracket or a space is split the short way
+    (issue 25: one translation where each search was a generic call): the same outcome as
+    the long way, which follows quotes and escapes, for any path."""
+    rest = b"<" + path
+    assert commands._split_path(rest) == commands._bracketed_path(rest)
+
+
+@given(st.lists(st.sampled_from([b"MAIL", b"rcpt", b"DATA", b"X", b" ", b"\t", b"a"]),
+                max_size=12).map(b"".join))  # fmt: skip
+def test_the_verb_and_argument_are_cut_as_stripping_would(line: bytes) -> None:
+    """Spaces and tabs stripped only where there are some (issue 25): the verb, the
+    argument and the trailing-whitespace violation as stripping every line gave them."""
+    parsed = parse_command(line)
+    text = line.rstrip(b" \t")
+    verb, _, argument = text.partition(b" ")
+    if isinstance(parsed, Command):
+        assert parsed.verb == verb.decode().upper()
+        assert parsed.argument == argument.strip(b" \t")
+        assert ("trailing-whitespace" in parsed.violations) == (text != line)
+    else:
+        assert not verb or verb.upper() in (b"DATA", b"MAIL", b"RCPT")

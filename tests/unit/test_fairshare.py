@@ -354,11 +354,12 @@ _FILL_OPS = st.lists(
 
 @given(_FILL_OPS)
 # (and the cases random facts seldom reach: a tenant with an idle connection first in line
-# when the pace lets it through again; its own idle connection while nothing else is free;
-# the service count and the name breaking ties)
+# when the pace lets it through again; its own idle connection while nothing else is free,
+# and over a lowered limit; the service count and the name breaking ties)
 @example([("ask", "a", 0)] * 3 + [("allow", "a", 0), ("park", "a", 0), ("drop", "a", 0),
           ("allow", "a", 5)])  # fmt: skip
 @example([("ask", "a", 0)] * 3 + [("park", "a", 0)])
+@example([("ask", "a", 0)] * 4 + [("limit", "a", 1), ("park", "a", 0)])  # over a lowered limit
 @example([("ask", "b", 0), ("ask", "a", 0), ("ask", "a", 0), ("ask", "c", 0), ("drop", "a", 0)])
 @example([("ask", "a", 0), ("ask", "b", 0), ("allow", "a", 0), ("again", "b", 0),
           ("again", "a", 0), ("allow", "a", 5)])  # fmt: skip

@@ -260,15 +260,20 @@ class FairShare:
         else an idle connection of another tenant is reclaimed for it. The scan starts
         again after every grant (a grant changes the order). Its two usual outcomes are
         known without ranking every ticket (issue 25: with many waiting, the ranking was
-        most of a transaction's fair sharing): room left, the first in line is granted;
-        no room and no idle connection anywhere, nothing happens."""
+        most of a transaction's fair sharing): room left, or an idle connection of its own,
+        the first in line is granted; no room and no idle connection anywhere, nothing
+        happens."""
         out: list[Directive] = []
         while self._tickets and self.allowance != 0:
             in_use = self.in_use
             if not self.scan_always:  # the scan's outcome without ranking every ticket:
-                if in_use < self._limit:  # room (so not over): the first in line is granted
-                    first = self._first_in_line()
-                    record = self._tenants[first]
+                first = self._first_in_line()
+                record = self._tenants[first]
+                # room (so not over), or an idle connection of its own and not over: the
+                # first in line is granted (the scan's first step)
+                if in_use < self._limit or (
+                    record.idle and in_use - self._closing() <= self._limit
+                ):
                     reuse = record.idle > 0
                     if reuse:
                         record.idle -= 1

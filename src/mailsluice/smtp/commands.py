@@ -34,6 +34,10 @@ _PARAM_VALUE = re.compile(rb"^[\x21-\x3c\x3e-\x7e\x80-\xff]+$")
 # Postfix's XVERP takes "=" in its value (``XVERP=+=``, its default delimiters), which
 # RFC 5321's esmtp-value excludes; ``smtp.verp`` checks the two characters
 _XVERP_VALUE = re.compile(rb"^[\x21-\x7e]+$")
+# the bytes that send a MAIL/RCPT path the long way (``_bracketed_path``), marked by a
+# translation (one pass, compiled, where each ``contains`` is a generic call): a quote (the
+# ">" ending the path may be quoted), a bracket, a space
+_MARK_PATH: Final = bytes(0x00 if b in b'<>" ' else b for b in range(256))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +95,16 @@ def parse_command(line: bytes) -> Command | CommandError:
     """Parse one command line (without its line terminator)."""
     if has_control(line):
         return _syntax("Error: control character in command", None, 500, "5.5.2")
-    text = line.rstrip(b" \t")
+    # (each bytes method is a generic call, compiled: made only when it changes something;
+    # startswith and endswith of one bytes value are primitives, of a tuple not)
+    text = line
+    if line.endswith(b" ") or line.endswith(b"\t"):  # noqa: PIE810
+        text = line.rstrip(b" \t")
     violations = ("trailing-whitespace",) if len(text) != len(line) else ()
     verb_bytes, _, argument = text.partition(b" ")
     verb = verb_bytes.decode("ascii", "replace").upper()
-    argument = argument.strip(b" \t")
+    if argument.startswith(b" ") or argument.startswith(b"\t"):  # noqa: PIE810 (none end it)
+        argument = argument.strip(b" \t")
     if not verb:
         return _syntax("Error: bad syntax", None, 500, "5.5.2")
     if verb in ("MAIL", "RCPT"):
@@ -111,7 +120,8 @@ def _parse_path_command(
     verb: str, line: bytes, argument: bytes, violations: tuple[str, ...]
 ) -> Command | CommandError:
     prefix = b"FROM:" if verb == "MAIL" else b"TO:"
-    if argument[: len(prefix)].upper() != prefix:
+    head = argument[: len(prefix)]
+    if head != prefix and head.upper() != prefix:
         return _syntax(f"Syntax: {verb} {prefix.decode()}<address>", verb)
     rest = argument[len(prefix) :]
     if rest[:1] in (b" ", b"\t"):
@@ -134,30 +144,54 @@ def _parse_path_command(
 def _split_path(rest: bytes) -> tuple[bytes, bytes, bool] | None:
     """Split ``<path> params`` into (address, params text, had brackets)."""
     if rest.startswith(b"<"):
-        end = _closing_bracket(rest)
-        if end is None:
-            return None
-        inner, tail = rest[1:end], rest[end + 1 :]
-        if tail and tail[:1] not in (b" ", b"\t"):
-            return None
-        if inner.startswith(b"@"):  # RFC 5321 §4.1.2 source route: keep the mailbox only
-            route, colon, mailbox = inner.partition(b":")
-            # a route is domains only: a quote there would leave the mailbox's quotes
-            # unbalanced, a path that no longer parses on its own (found by fuzzing)
-            if not colon or contains(route, b'"'):
-                return None
-            inner = mailbox
-        if contains(inner, b"<") or contains(inner, b">"):
-            return None
-        if inner and not _plausible_mailbox(inner):
-            return None
-        return inner, tail.strip(b" \t"), True
+        head, closing, tail = rest.partition(b">")
+        inner = head[1:]
+        if closing and inner.translate(_MARK_PATH) == inner:
+            return _plain_path(inner, tail)
+        return _bracketed_path(rest)
     address, _, tail = rest.partition(b" ")
     # Tolerated without brackets, but checked exactly as if it had them (found by fuzzing).
     checked = _split_path(b"<" + address + b">") if address else None
     if checked is None or checked[0] != address:
         return None
     return address, tail.strip(b" \t"), False
+
+
+def _plain_path(inner: bytes, tail: bytes) -> tuple[bytes, bytes, bool] | None:
+    """``_bracketed_path``'s outcome for a path with no quote, bracket or space in it (the
+    usual one): the first ">" ends it. Held to the long way by tests/unit/test_commands.py."""
+    if tail and not (tail.startswith(b" ") or tail.startswith(b"\t")):  # noqa: PIE810
+        return None
+    if inner.startswith(b"@"):  # a source route (no quote in it: none in the path)
+        _, colon, mailbox = inner.partition(b":")
+        if not colon:
+            return None
+        inner = mailbox
+    if inner and not _plausible_mailbox(inner, spaceless=True):
+        return None
+    return inner, tail.strip(b" \t") if tail else tail, True
+
+
+def _bracketed_path(rest: bytes) -> tuple[bytes, bytes, bool] | None:
+    """``<path> params``, any path: quotes and escapes followed (``_split_path``'s long way)."""
+    end = _closing_bracket(rest)
+    if end is None:
+        return None
+    inner, tail = rest[1:end], rest[end + 1 :]
+    if tail and tail[:1] not in (b" ", b"\t"):
+        return None
+    if inner.startswith(b"@"):  # RFC 5321 §4.1.2 source route: keep the mailbox only
+        route, colon, mailbox = inner.partition(b":")
+        # a route is domains only: a quote there would leave the mailbox's quotes
+        # unbalanced, a path that no longer parses on its own (found by fuzzing)
+        if not colon or contains(route, b'"'):
+            return None
+        inner = mailbox
+    if contains(inner, b"<") or contains(inner, b">"):
+        return None
+    if inner and not _plausible_mailbox(inner):
+        return None
+    return inner, tail.strip(b" \t"), True
 
 
 def _closing_bracket(rest: bytes) -> int | None:
@@ -187,8 +221,9 @@ def _closing_bracket_scan(rest: bytes) -> int | None:
     return None
 
 
-def _plausible_mailbox(address: bytes) -> bool:
-    """local@domain, or the bare ``postmaster`` RCPT TO allows (RFC 5321 §4.5.1)."""
+def _plausible_mailbox(address: bytes, *, spaceless: bool = False) -> bool:
+    """local@domain, or the bare ``postmaster`` RCPT TO allows (RFC 5321 §4.5.1);
+    ``spaceless``: ``address`` is known to hold no space."""
     if len(address) == 10 and address.lower() == b"postmaster":
         return True
     local, at, domain = address.rpartition(b"@")
@@ -196,10 +231,14 @@ def _plausible_mailbox(address: bytes) -> bool:
         return False
     if local.startswith(b"@"):  # a second source route, not a local part (found by fuzzing)
         return False
+    if spaceless:
+        return True
     return not contains(domain, b" ") and (not contains(local, b" ") or local.startswith(b'"'))
 
 
 def _parse_params(text: bytes) -> tuple[tuple[str, bytes | None], ...] | None:
+    if not text:
+        return ()
     params: list[tuple[str, bytes | None]] = []
     for item in text.split():
         key, eq, value = item.partition(b"=")
