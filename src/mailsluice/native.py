@@ -1,8 +1,9 @@
 """Which build of the pure core is loaded: compiled by mypyc, or the Python sources.
 
 The code that runs per message (:data:`COMPILED`: the pure core ``mailsluice.smtp``,
-``relay``, ``scheduling``, ``policy``, the connection's shell and the helpers it calls per
-session (admission), the session log's codec, its writers and its SQLite sink) may be
+``relay``, ``scheduling``, ``policy``, the connection's shell, its services and the
+helpers it calls per session (admission), the session log's codec, its writers and its
+SQLite sink) may be
 compiled to C extension modules by mypyc (``setup.py``; ``scripts/compile`` builds them in
 place beside the sources). The sources stay the reference: the extensions are built from
 them, and Python loads the sources instead when

@@ -20,8 +20,8 @@ from tests.integration.proxy_helpers import (
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
 from mailsluice.relay.machine import Relay
+from mailsluice.runtime import services
 from mailsluice.runtime.net import dialer
-from mailsluice.runtime.services import Services
 from mailsluice_lab.peers.faults import Action, Fault, Phase
 from mailsluice_lab.peers.ledger import make_message
 from mailsluice_lab.peers.mx import ScriptedMX
@@ -29,7 +29,7 @@ from mailsluice_lab.peers.mx import ScriptedMX
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.swaps_code  # Services is compiled: its dial cannot be swapped there
+@pytest.mark.swaps_code  # the compiled Services takes the compiled dial
 async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -43,7 +43,7 @@ async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
             raise RuntimeError("a bug in the dialler")
         return await real_dial(*args, **kwargs)
 
-    monkeypatch.setattr(Services, "dial", staticmethod(dial_once_broken))
+    monkeypatch.setattr(services, "dial", dial_once_broken)
     async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         async with await connect(proxy) as client:
             first = await outcome(client)
@@ -57,7 +57,7 @@ async def test_exception_in_the_session_task_is_421_and_the_server_goes_on(
     assert [s["reason"] for s in sessions(tmp_path)] == ["internal-error", "quit"]
 
 
-@pytest.mark.swaps_code  # Services is compiled: its dial cannot be swapped there
+@pytest.mark.swaps_code  # the compiled Services takes the compiled dial
 async def test_a_failure_after_the_client_left_is_not_reported_as_ours(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,7 +69,7 @@ async def test_a_failure_after_the_client_left_is_not_reported_as_ours(
         await client_gone.wait()
         raise RuntimeError("late failure")
 
-    monkeypatch.setattr(Services, "dial", staticmethod(dial_failing_late))
+    monkeypatch.setattr(services, "dial", dial_failing_late)
     async with ScriptedMX() as mx, proxy_factory(mx.address) as proxy:
         client = await connect(proxy)
         client.close()

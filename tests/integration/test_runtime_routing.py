@@ -19,9 +19,9 @@ from tests.integration.proxy_helpers import (
 )
 from tests.integration.runtime_helpers import LOOPBACK, runtime_settings
 
+from mailsluice.runtime import services
 from mailsluice.runtime.net import origdst
 from mailsluice.runtime.server import Proxy
-from mailsluice.runtime.services import Services
 from mailsluice_lab.peers.ledger import make_message, new_token
 from mailsluice_lab.peers.mx import ScriptedMX
 
@@ -86,7 +86,7 @@ async def test_smart_host_given_by_name_is_resolved(proxy_factory, tmp_path: Pat
     assert len(mx.ledger.messages) == 1
 
 
-@pytest.mark.swaps_code  # Services is compiled: its dial cannot be swapped there
+@pytest.mark.swaps_code  # the compiled Services takes the compiled dial
 async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,7 +96,7 @@ async def test_local_descriptor_shortage_when_dialling_is_421_4_3_0(
     async def no_descriptors(*args: object, **kwargs: object) -> asyncio.Transport:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
-    monkeypatch.setattr(Services, "dial", staticmethod(no_descriptors))
+    monkeypatch.setattr(services, "dial", no_descriptors)
     async with (
         ScriptedMX() as mx,
         proxy_factory(mx.address) as proxy,

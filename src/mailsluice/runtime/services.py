@@ -260,6 +260,7 @@ class Services:
     ) -> None:
         self.metrics = metrics
         self.admission = admission
+        self.dial = dial  # the MX leg's connect (``MxServices.dial``: ``net.dialer.dial``)
         self._take(
             settings, log_writer, filter_chain,
             mx_tls or MxTls(settings.tls, hostname=settings.relay.hostname), client_tls_context,
@@ -346,22 +347,6 @@ class Services:
         # the records go to this generation's writer (and counted, and said with -v)
         self.submit_record = _submitter(settings, log_writer, self.metrics, mx_tls)
         self.relay_config = _relay_config(settings, mx_tls)
-
-    def dial(
-        self,
-        host: str,
-        port: int,
-        *,
-        source_ip: str | None,
-        timeout: float,
-        protocol_factory: Callable[[], asyncio.Protocol],
-        register: Register,
-    ) -> Awaitable[asyncio.Transport]:
-        """The MX leg's connect (``net.dialer.dial``)."""
-        return dial(
-            host, port, source_ip=source_ip, timeout=timeout, protocol_factory=protocol_factory,
-            register=register,
-        )  # fmt: skip
 
     @property
     def live(self) -> int:
