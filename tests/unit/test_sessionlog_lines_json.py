@@ -73,6 +73,25 @@ def test_the_text_is_the_plain_definition_s(lines: list[tuple[int, float, str, s
     ) + "]"  # fmt: skip
 
 
+# a session's chunk: small line numbers (below and above the table's 1000), times a few
+# seconds apart (lines that share their whole seconds, and lines that do not)
+_session_line = st.tuples(
+    st.integers(min_value=0, max_value=1100),
+    st.floats(min_value=1.7e9, max_value=1.7e9 + 4, allow_nan=False),
+    st.sampled_from([d.value for d in Direction]),
+    st.text(alphabet=st.characters(max_codepoint=127), max_size=20),
+)
+
+
+@given(st.lists(_session_line, max_size=20))
+def test_a_session_s_chunk_is_the_plain_definition_s(
+    lines: list[tuple[int, float, str, str]],
+) -> None:
+    assert lines_json(lines) == "[" + ",".join(
+        f'[{seq},{at:.6f},"{d}",{json.dumps(text)}]' for seq, at, d, text in lines
+    ) + "]"  # fmt: skip
+
+
 _ascii_text = st.text(alphabet=st.characters(max_codepoint=127), max_size=30)
 
 

@@ -29,17 +29,25 @@ def lines_json(lines: list[tuple[int, float, str, str]]) -> str:
     is useful; the same array once read back): ``micro_text``'s digits, the fraction from
     a table of three-digit groups (no slicing: each slice is a new string). The text goes
     through the encoder's own C escaping; the direction is one of ``Direction``'s values,
-    plain ASCII. (One f-string a line, without format specs: compiled by mypyc, a spec
-    makes the whole string a ``str.format`` call.)
+    plain ASCII. (One f-string a line, of strings only: compiled by mypyc, a spec makes the
+    whole string a ``str.format`` call, and each integer is a conversion: the line numbers
+    below 1000 come from a table, the whole seconds are converted once for the lines that
+    share them.)
     """
     parts: list[str] = []
     groups = _THREE_DIGITS
+    numbers = _NUMBERS
+    second, second_text = -1, ""  # the whole seconds last written (a chunk's lines share them)
     for seq, at, d, text in lines:
         if _MICRO_FROM <= at < _MICRO_TO:
             whole = _micros(at)
+            if whole // 1000000 != second:
+                second = whole // 1000000
+                second_text = str(second)
             fraction = whole % 1000000
+            number = numbers[seq] if 0 <= seq < 1000 else str(seq)
             parts.append(
-                f"[{seq},{whole // 1000000}.{groups[fraction // 1000]}{groups[fraction % 1000]}"
+                f"[{number},{second_text}.{groups[fraction // 1000]}{groups[fraction % 1000]}"
                 f',"{d}",{_ascii_string(text)}]'
             )
         else:
@@ -53,6 +61,7 @@ _MILLION: Final = 1000000.0  # 15625 * 2**6: 14 significant bits, so a half time
 _MICRO_FROM: Final = 1.0  # the times _micros takes: a session's, 1 s to 2**32 s
 _MICRO_TO: Final = 4294967296.0
 _THREE_DIGITS: Final = [f"{n:03d}" for n in range(1000)]  # "000" ... "999"
+_NUMBERS: Final = [str(n) for n in range(1000)]  # "0" ... "999"
 
 
 def micro_text(at: float) -> str:
