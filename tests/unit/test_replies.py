@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from tests.unit.splitting import bytewise, cuts, split_at
 
@@ -240,3 +240,62 @@ def test_garbage_made_of_reply_pieces(parts: list[bytes]) -> None:
     assert len(result) <= data.count(b"\r\n")
     assert assemble(b"".join(r.to_bytes() for r in result)) == result
     assert all(200 <= r.code <= 599 for r in result)
+
+
+def _reference_line(content: bytes) -> tuple[int, bytes, bool] | str:
+    """One reply line as the plain definition reads it: (code, text, last line), or the
+    error's message."""
+    if len(content) < 3 or not content[:3].isdigit() or content[0] not in b"2345":
+        return f"not an SMTP reply line: {content[:40]!r}"
+    separator = content[3:4]
+    if separator not in (b" ", b"-", b""):
+        return f"bad separator after the reply code: {content[:40]!r}"
+    text = content[4:]
+    if rp.has_control(text):
+        return "control character in reply text"
+    return int(content[:3]), text, separator != b"-"
+
+
+_CODE_BYTE = st.sampled_from([b"0", b"1", b"2", b"5", b"6", b"9", b"/", b":", b"a", b" "])
+_TEXT_BYTE = st.sampled_from([b"a", b" ", b"-", b"\t", b"\x00", b"\xff", b"5"])
+
+
+@given(
+    st.lists(_CODE_BYTE, max_size=3).map(b"".join),
+    st.sampled_from([b"", b" ", b"-", b"x", b"\t"]),
+    st.lists(_TEXT_BYTE, max_size=5).map(b"".join),
+)
+# (and each of the code's bytes just outside its range: "/" and ":" around the digits)
+@example(b"/50", b" ", b"")
+@example(b"1 0", b"", b"")
+@example(b"60 ", b"", b"")
+@example(b"2/0", b" ", b"")
+@example(b"2:0", b" ", b"")
+@example(b"25/", b" ", b"")
+@example(b"25:", b" ", b"")
+@example(b"2", b"", b"")
+def test_a_reply_line_is_read_as_the_plain_definition_reads_it(
+    code: bytes, separator: bytes, rest: bytes
+) -> None:
+    """The code and its separator read a byte at a time (issue 25): the same replies and
+    the same errors as ``isdigit``, the first digit's range and ``int``."""
+    content = code + separator + rest
+    expected = _reference_line(content)
+    assembler = ReplyAssembler()
+    if isinstance(expected, str):
+        with pytest.raises(ReplySyntaxError) as raised:
+            assembler.add_line(content)
+        assert str(raised.value) == expected
+        return
+    reply = assembler.add_line(content)
+    code, text, last = expected
+    if last:
+        assert reply == Reply(code, (text,))
+    else:
+        assert reply is None
+        assert assembler.add_line(b"%d end" % code) == Reply(code, (text, b"end"))
+
+
+@given(st.integers(min_value=-5, max_value=1200), reply_text)
+def test_a_one_line_reply_is_written_as_the_format_writes_it(code: int, text: bytes) -> None:
+    assert Reply(code, (text,)).to_bytes() == b"%d %s\r\n" % (code, text)

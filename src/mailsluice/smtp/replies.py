@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
 from mailsluice.smtp.bytescan import has_control
 
 _ENHANCED = re.compile(rb"^([245])\.(\d{1,3})\.(\d{1,3})(?: |$)")
+_CODES: Final = [b"%d" % code for code in range(1000)]  # a reply code's text, by its number
 
 
 class ReplySyntaxError(ValueError):
@@ -68,8 +70,9 @@ class Reply:
         return self.code >= 500
 
     def to_bytes(self) -> bytes:
-        if len(self.lines) == 1:  # the usual case, on the relay's hot path
-            return b"%d %s\r\n" % (self.code, self.lines[0])
+        if len(self.lines) == 1 and 0 <= self.code < 1000:  # the usual case, the hot path
+            # (concatenated, compiled: a %-format parses its format at each call)
+            return _CODES[self.code] + b" " + self.lines[0] + b"\r\n"
         code = b"%d" % self.code
         last = len(self.lines) - 1
         return b"".join(
@@ -107,10 +110,15 @@ class ReplyAssembler:
         """
         if bare_lf:
             raise ReplySyntaxError("reply line ended with a bare LF")
-        if len(content) < 3 or not content[:3].isdigit() or content[0] not in b"2345":
+        # the code read a byte at a time (compiled, each an integer: no method call, no
+        # int() of bytes), as ``content[:3].isdigit()``, a first digit of 2 to 5, ``int``
+        if len(content) < 3:
             raise ReplySyntaxError(f"not an SMTP reply line: {content[:40]!r}")
-        separator = content[3:4]
-        if separator not in (b" ", b"-", b""):
+        first, second, third = content[0], content[1], content[2]
+        if not (0x32 <= first <= 0x35 and 0x30 <= second <= 0x39 and 0x30 <= third <= 0x39):
+            raise ReplySyntaxError(f"not an SMTP reply line: {content[:40]!r}")
+        separator = content[3] if len(content) > 3 else 0x20  # (a code alone ends a reply)
+        if separator != 0x20 and separator != 0x2D:  # " ", "-"
             raise ReplySyntaxError(f"bad separator after the reply code: {content[:40]!r}")
         text = content[4:]
         if has_control(text):
@@ -118,8 +126,8 @@ class ReplyAssembler:
         self._lines.append(text)
         if len(self._lines) > self._max_lines:
             raise ReplySyntaxError(f"reply longer than {self._max_lines} lines")
-        self._code = int(content[:3])
-        if separator == b"-":
+        self._code = (first - 0x30) * 100 + (second - 0x30) * 10 + (third - 0x30)
+        if separator == 0x2D:
             return None
         reply = Reply(self._code, tuple(self._lines))
         self._lines = []
