@@ -52,7 +52,7 @@ from mailsluice.runtime.session.jobs import Jobs
 from mailsluice.runtime.session.linger import LingeringClose
 from mailsluice.runtime.session.mxleg import MxLeg
 from mailsluice.runtime.session.opening import choose_source, open_session
-from mailsluice.runtime.session.sides import Side, format_address
+from mailsluice.runtime.session.sides import SessionEvents, Side, format_address
 from mailsluice.runtime.sources import SourceFeedback
 
 __all__ = ["ClientProtocol", "ConnectionHandler"]
@@ -82,7 +82,7 @@ class ClientProtocol(Side):
         return cast(ConnectionHandler, self._session)
 
 
-class ConnectionHandler:
+class ConnectionHandler(SessionEvents):
     """Owns one client transport, its MX leg and its Relay."""
 
     __slots__ = (

@@ -8,23 +8,30 @@ they came from; it holds no state of its own.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
 from mailsluice.runtime.net.dialer import host_port
 
 __all__ = ["SessionEvents", "Side", "format_address"]
 
 
-class SessionEvents(Protocol):
-    """What a session does with its transports' callbacks."""
+class SessionEvents:
+    """What a session does with its transports' callbacks (``handler.ConnectionHandler``).
+    A base class, not a ``Protocol``: compiled, its methods are called through the class's
+    table, once a read (issue 25)."""
 
-    def on_data(self, from_client: bool, data: bytes) -> None: ...
+    __slots__ = ()
 
-    def on_eof(self, from_client: bool) -> bool: ...
+    def on_data(self, from_client: bool, data: bytes) -> None:
+        raise NotImplementedError
 
-    def on_closed(self, from_client: bool, reason: str) -> None: ...
+    def on_eof(self, from_client: bool) -> bool:
+        raise NotImplementedError
 
-    def on_write_paused(self, to_client: bool, paused: bool) -> None: ...
+    def on_closed(self, from_client: bool, reason: str) -> None:
+        raise NotImplementedError
+
+    def on_write_paused(self, to_client: bool, paused: bool) -> None:
+        raise NotImplementedError
 
 
 def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
