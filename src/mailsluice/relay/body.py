@@ -10,6 +10,8 @@ one when it is made, so no step on the hot path asks which.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from mailsluice.relay.config import BareNewlinePolicy, RelayConfig
 from mailsluice.relay.outbox import Outbox
 from mailsluice.relay.records import Direction
@@ -30,40 +32,29 @@ def refusal(fault: BodyFault) -> Reply:
     return Reply.make(*_REFUSALS[fault])
 
 
-class DataPhase:
-    """What happens between the client's DATA and the reply to its end-of-data
-    (``streaming.StreamingData``, ``filtered.FilteredData``). A base class, not a
-    ``Protocol``: compiled, its methods are called through the class's table (issue 25)."""
-
-    __slots__ = ()
+class DataPhase(Protocol):
+    """What happens between the client's DATA and the reply to its end-of-data."""
 
     def command(self, command: Command) -> None:
         """The client's DATA (in step: nothing followed it)."""
-        raise NotImplementedError
 
     def decide(self, slot: Slot) -> None:
         """Our own reply to DATA, due now that it is the first the client is owed."""
-        raise NotImplementedError
 
     def begin_body(self) -> None:
         """The client was told 354: the body comes now."""
-        raise NotImplementedError
 
     def body(self, data: bytes) -> bytes:
         """Body bytes; at the end of the message, the bytes after it (commands)."""
-        raise NotImplementedError
 
     def mx_reply(self, sent: Sent, reply: Reply) -> None:
         """The MX's reply to one of the data phase's own commands."""
-        raise NotImplementedError
 
     def decided(self, reject: tuple[int, str] | None, decided_by: str) -> None:
         """The filters' verdict."""
-        raise NotImplementedError
 
     def idle(self) -> None:
         """The client's idle timer ran out while the filters judge (keepalive)."""
-        raise NotImplementedError
 
 
 class BodyIntake:

@@ -42,7 +42,6 @@ import re
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import address_text
 from mailsluice.relay.keep import KeepCheck
-from mailsluice.relay.lease import Lease
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
 from mailsluice.relay.setup import (
@@ -74,7 +73,7 @@ _WAIT_RAN_OUT = Reply.make(
 )
 
 
-class BorrowedLease(Lease):
+class BorrowedLease:
     """A connection per transaction, from the destination's fair share."""
 
     __slots__ = ("_capacity", "_destination", "_greeting", "_hello", "_host", "_keep",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import outcome_of
-from mailsluice.relay.body import BodyIntake, DataPhase, refusal
+from mailsluice.relay.body import BodyIntake, refusal
 from mailsluice.relay.config import RelayConfig
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.records import Direction
@@ -43,7 +43,7 @@ def unstuff(chunk: bytes, at_line_start: bool) -> bytes:
     return chunk.replace(b"\r\n.", b"\r\n")
 
 
-class FilteredData(DataPhase):
+class FilteredData:
     """DATA answered by us, the message spooled and judged, then relayed or refused."""
 
     __slots__ = ("_intake", "_keepalive", "_line_start", "_out", "_relay", "_state")

@@ -29,6 +29,8 @@ after it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import address_text
 from mailsluice.relay.keep import KeepCheck
@@ -58,94 +60,73 @@ from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
 
-class Lease:
-    """When the session has an MX connection: what the relay asks of its lease
-    (``DedicatedLease``, ``borrowed.BorrowedLease``). A base class, not a ``Protocol``:
-    compiled, its methods are called through the class's table (issue 25)."""
-
-    __slots__ = ()
+class Lease(Protocol):
+    """When the session has an MX connection: what the relay asks of its lease."""
 
     def start(self) -> None:
         """The session begins: dial, start on a reused connection, or greet from memory."""
-        raise NotImplementedError
 
     def hello(self, command: Command) -> bool:
         """EHLO/HELO: True when the lease answered it (from memory), False: relay it."""
-        raise NotImplementedError
 
     def reachable(self) -> bool:
         """Whether a command for the MX can go to it now or once the link is ready."""
-        raise NotImplementedError
 
     def idle_answer(self, command: Command) -> bool:
         """RSET, NOOP...: True when the lease answered it (no connection is held)."""
-        raise NotImplementedError
 
     def need_link(self) -> None:
         """A command waits in ``held``: get the link ready (late binding asks for one)."""
-        raise NotImplementedError
 
     def remember_greeting(self, reply: Reply) -> None:
         """The MX's greeting reached the client (the client drove the set-up)."""
-        raise NotImplementedError
 
     def remember_hello(self, slot: Slot | None, client_reply: Reply) -> None:
         """The MX's answer to EHLO/HELO is final (``slot`` None: our own, in a set-up)."""
-        raise NotImplementedError
 
     def cut(self) -> None:
         """The relay closed the link in the middle of a transaction it refused itself (a
         body it will not complete): the next transaction gets another connection."""
-        raise NotImplementedError
 
     def spent(self, sent: Sent, reply: Reply) -> bool:
         """The MX closes the channel (421) in answer to a transaction's MAIL: True when
         the lease moves the transaction to another connection (the MX ends a connection
         that carried transactions before, not this one: Exim's
         ``smtp_accept_max_per_connection``); False: the client gets the 421."""
-        raise NotImplementedError
 
     def quit(self, command: Command) -> bool:
         """QUIT: True when the lease answered it, False: relay it to the MX."""
-        raise NotImplementedError
 
     def after_reply(self) -> None:
         """A reply reached the client: the moment to hand an idle connection back."""
-        raise NotImplementedError
 
     def granted(self, hello_name: str | None = None) -> None:
         """Late binding: a slot is ours, the shell dials (from an address whose EHLO name
         is ``hello_name``: what the lease's own set-up says; None: the client's)."""
-        raise NotImplementedError
 
     def reused(self, upstream: act.ReusedUpstream) -> None:
         """Late binding: an idle connection of the tenant is ours."""
-        raise NotImplementedError
 
     def connected(self) -> None:
         """The dial succeeded (the link is DIALLING)."""
-        raise NotImplementedError
 
     def greeting(self, sent: Sent, reply: Reply) -> bool:
         """The MX's greeting (``sent`` is its entry, just taken off ``awaiting``): True when
         the lease took it (late binding: our own set-up's, or a capacity refusal at a
         first contact, which puts the session back in line); False: it goes to the client."""
-        raise NotImplementedError
 
     def lost_before_use(self, reason: str) -> bool:
         """The connection failed before a transaction used it (the dial, or a close
         during the set-up or before a first contact's greeting): True when the lease puts
         the session back in line (late binding; the shell judges whether it waits
         again); False: the relay's usual failure."""
-        raise NotImplementedError
 
     def wait_ran_out(self, text: str | None = None) -> None:
         """Late binding: ``hold_max`` passed with no slot (or, with ``text``, the
         scheduler said none will come now)."""
-        raise NotImplementedError
 
 
-class DedicatedLease(Lease):
+class DedicatedLease:
     """The session's own MX connection, dialled at the start or taken from the pool."""
 
     __slots__ = ("_client_hello", "_destination", "_first_hello", "_greeting", "_hello",

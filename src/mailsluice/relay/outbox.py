@@ -11,6 +11,8 @@ phase, the upstream lease): the few session-level steps they may ask for.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from mailsluice.relay import actions as act
 from mailsluice.relay.accounting import Account, address_text, outcome_of
 from mailsluice.relay.records import CloseReason, Direction
@@ -19,57 +21,43 @@ from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
 
-class Conductor:
-    """What a collaborator may ask of the relay (``switchboard.Switchboard``). A base
-    class, not a ``Protocol``: compiled, a call through it goes by the class's table of
-    methods, where a protocol's is looked up by name at each call (issue 25)."""
-
-    __slots__ = ()
+class Conductor(Protocol):
+    """What a collaborator may ask of the relay."""
 
     def fail(self, reply: Reply, reason: CloseReason) -> None:
         """End the session: the first reply the client is owed becomes ``reply``."""
-        raise NotImplementedError
 
     def protocol_error(self, detail: str) -> None:
         """The MX broke the protocol: ``421 4.5.0`` and the end of the session."""
-        raise NotImplementedError
 
     def local(
         self, reply: Reply, *, close: CloseReason | None = None, hello: Command | None = None
     ) -> None:
         """Owe the client this reply of ours (in order) and send what can go; ``hello``:
         it answers that EHLO/HELO (from a lease's memory)."""
-        raise NotImplementedError
 
     def end_silently(self, reason: CloseReason) -> None:
         """End the session without a word to the client (its TLS handshake failed)."""
-        raise NotImplementedError
 
     def flush(self) -> None:
         """Send the client every reply now known at the head of what it is owed."""
-        raise NotImplementedError
 
     def forward(self, command: Command, slot: Slot, what: Await) -> None:
         """Owe the client ``slot`` and send its command to the MX, whose reply fills it."""
-        raise NotImplementedError
 
     def send(self, command: Command, sent: Sent) -> None:
         """Send a command to the MX (or hold it till the link is ready), awaiting ``sent``."""
-        raise NotImplementedError
 
     def send_held(self) -> None:
         """The link is ready: the commands held for it go out (one at a time without
         PIPELINING)."""
-        raise NotImplementedError
 
     def close_server(self) -> None:
         """Close the MX connection now (aborts any transaction in progress there)."""
-        raise NotImplementedError
 
     def cut_server(self) -> None:
         """Close the MX connection in the middle of a message we refused (it never gets
         the dot); the session goes on, and its next transaction gets another connection."""
-        raise NotImplementedError
 
 
 class Outbox:

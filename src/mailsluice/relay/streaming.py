@@ -11,7 +11,7 @@ end-of-data; the session goes on, its next transaction on another connection.
 from __future__ import annotations
 
 from mailsluice.relay import actions as act
-from mailsluice.relay.body import BodyIntake, DataPhase, refusal
+from mailsluice.relay.body import BodyIntake, refusal
 from mailsluice.relay.outbox import Conductor, Outbox
 from mailsluice.relay.state import (
     Await,
@@ -26,7 +26,7 @@ from mailsluice.smtp.commands import Command
 from mailsluice.smtp.replies import Reply
 
 
-class StreamingData(DataPhase):
+class StreamingData:
     """DATA, body and end-of-data straight through to the MX."""
 
     __slots__ = ("_intake", "_log_headers", "_out", "_relay", "_state")

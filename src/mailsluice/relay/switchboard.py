@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from mailsluice.relay.delivery import Delivery
 from mailsluice.relay.endings import Endings
-from mailsluice.relay.outbox import Conductor
 from mailsluice.relay.records import CloseReason
 from mailsluice.relay.state import Await, Sent, Slot
 from mailsluice.smtp.commands import Command
@@ -22,7 +21,7 @@ from mailsluice.smtp.replies import Reply
 __all__ = ["Switchboard"]
 
 
-class Switchboard(Conductor):
+class Switchboard:
     """Implements ``outbox.Conductor`` over ``Endings`` and ``Delivery``."""
 
     __slots__ = ("delivery", "endings")
