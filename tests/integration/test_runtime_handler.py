@@ -107,7 +107,7 @@ async def test_backpressure_between_the_two_sides(tmp_path: Path) -> None:
         # nor may a shrinking backlog while the MX still is not reading
         session._flow.server_blocked = True
         assert session.relay is not None
-        session._step(session.relay, lambda what, now: [], b"", 0.0)
+        session._stepped(session.relay, [])
         assert client.events == ["pause"]
         assert not session._flow.client_paused
         # a side already closing is left alone

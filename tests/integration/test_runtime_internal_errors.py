@@ -87,6 +87,7 @@ async def test_a_failure_after_the_client_left_is_not_reported_as_ours(
     assert logged["reason"] == "client-closed"
 
 
+@pytest.mark.swaps_code  # the compiled shell calls the compiled relay directly
 async def test_exception_while_handling_an_event_is_421(
     proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +110,7 @@ async def test_exception_while_handling_an_event_is_421(
     assert any(n.startswith("internal error: KeyError") for n in notes), notes
 
 
+@pytest.mark.swaps_code  # the compiled shell calls the compiled relay directly
 async def test_exception_while_relaying_client_bytes_is_421(
     proxy_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,7 +34,7 @@ import socket
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar, cast
+from typing import cast
 
 from mailsluice.relay import actions as act
 from mailsluice.relay import events as ev
@@ -58,7 +58,6 @@ from mailsluice.runtime.sources import SourceFeedback
 __all__ = ["ClientProtocol", "ConnectionHandler"]
 
 log = logging.getLogger("mailsluice.connection")
-_In = TypeVar("_In")
 
 
 class ClientProtocol(Side):
@@ -156,7 +155,12 @@ class ConnectionHandler(SessionEvents):
     def _feed(self, event: ev.Event) -> None:
         relay = self.relay
         if relay is not None and not relay.closed:
-            self._step(relay, relay.handle, event, self._clock())
+            try:
+                actions = relay.handle(event, self._clock())
+            except Exception as exc:
+                self._internal_failure(relay, exc)
+                return
+            self._stepped(relay, actions)
 
     def on_data(self, from_client: bool, data: bytes) -> None:
         """Bytes from either side: the hot path (``Relay.client_data``/``server_data``).
@@ -182,24 +186,19 @@ class ConnectionHandler(SessionEvents):
         self._deadline.heard(from_client, len(data), now)
         if not from_client and self.mx.settling:  # the first reply over TLS: it can be kept
             self.mx.tls_settled()
-        self._step(relay, relay.client_data if from_client else relay.server_data, data, now)
-
-    def _step(
-        self,
-        relay: Relay,
-        call: Callable[[_In, float], list[act.Action]],
-        what: _In,
-        now: float,
-    ) -> None:
-        """Give the relay one input at ``now`` (the loop's time), perform its actions, then
-        stop or resume reading the client's backlog. A bug of ours becomes 421 4.3.0 for
-        this connection, never a crash of the server and never a 2xx."""
+        # (each side's method called by name: compiled, a direct call; a bound method
+        # chosen first would be an object made and called generically at every read)
         try:
-            actions = call(what, now)
+            actions = relay.client_data(data, now) if from_client else relay.server_data(data, now)
         except Exception as exc:
-            log.exception("session %s: internal error", relay.session_id)
             self._internal_failure(relay, exc)
             return
+        self._stepped(relay, actions)
+
+    def _stepped(self, relay: Relay, actions: list[act.Action]) -> None:
+        """The relay took one input (``_feed``, ``on_data``; a bug of ours in it is
+        ``_internal_failure``'s): perform its actions, then stop or resume reading the
+        client's backlog."""
         self._perform(actions)
         client = self._client
         if client is not None and not self._client_eof:
@@ -208,7 +207,10 @@ class ConnectionHandler(SessionEvents):
             self._jobs.stop()
 
     def _internal_failure(self, relay: Relay, exc: Exception) -> None:
-        """Answer 421 4.3.0 if the relay still can; otherwise just close both sides."""
+        """A bug of ours while the relay took an input: 421 4.3.0 for this connection if
+        the relay still can answer, never a crash of the server and never a 2xx; otherwise
+        just close both sides."""
+        log.exception("session %s: internal error", relay.session_id)
         try:
             self._perform(relay.handle(errors.internal_error(exc), self._clock()))
         except Exception:
