@@ -16,12 +16,14 @@ connections closing, limits changing):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mailsluice.policy.fairshare import FairShare, Grant, Reclaim
+from mailsluice.policy.fairshare import Directive, FairShare, Grant, Reclaim
 
 pytestmark = pytest.mark.unit
 
@@ -286,7 +288,7 @@ TestFairShareModel = Destination.TestCase
 
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(["ask", "cancel", "park", "gone", "leave", "limit", "allow"]),
+        st.sampled_from(["ask", "cancel", "park", "drop", "leave", "limit", "allow"]),
         st.sampled_from(TENANTS),
         st.integers(0, 5),
     ),
@@ -301,32 +303,7 @@ def test_asking_with_nobody_in_line_grants_as_the_line_would(
     """``ask``'s short way (issue 25) against the line it skips: two destinations, the same
     facts, the one always asking in line; every answer and every count the same."""
     quick, lined = FairShare(limit=3, weights={"d": 2.0}), FairShare(limit=3, weights={"d": 2.0})
-    tickets: list[int] = []
-    for n, (op, tenant, number) in enumerate(ops, start=1):
-        if op == "ask":
-            answers = (quick.ask(tenant, n), lined._ask_in_line(tenant, n))
-            tickets.append(n)
-        elif op == "cancel" and tickets:
-            ticket = tickets.pop(number % len(tickets))
-            answers = (quick.cancel(ticket), lined.cancel(ticket))
-        elif op == "park" and quick.busy(tenant):
-            answers = (quick.park(tenant), lined.park(tenant))
-        elif op == "gone" and quick.busy(tenant):
-            answers = (quick.gone(tenant, was="busy"), lined.gone(tenant, was="busy"))
-        elif op == "leave":
-            answers = (quick.leave(tenant), lined.leave(tenant))
-        elif op == "limit" and number:
-            answers = (quick.set_limit(number), lined.set_limit(number))
-        elif op == "allow":
-            quick.allowance = lined.allowance = None if number == 5 else number
-            continue
-        else:
-            continue
-        assert answers[0] == answers[1], (op, tenant)
-        for directive in answers[0]:
-            if isinstance(directive, Grant) and directive.ticket in tickets:
-                tickets.remove(directive.ticket)
-        assert _everything(quick) == _everything(lined), (op, tenant)
+    _same_answers(quick, lined, ops, lambda share, tenant, n: share._ask_in_line(tenant, n))
 
 
 def _everything(share: FairShare) -> object:
@@ -372,44 +349,55 @@ def test_the_fills_short_ways_decide_as_the_full_scan(ops: list[tuple[str, str, 
     quick = FairShare(limit=2, weights={"c": 2.0})
     scanning = FairShare(limit=2, weights={"c": 2.0})
     scanning.scan_always = True
+    _same_answers(quick, scanning, ops, lambda share, tenant, n: share.ask(tenant, n))
+
+
+def _same_answers(
+    quick: FairShare,
+    other: FairShare,
+    ops: list[tuple[str, str, int]],
+    other_asks: Callable[[FairShare, str, int], list[Directive]],
+) -> None:
+    """The same facts to two destinations (``other`` asks its own way): every answer (grants
+    and reclaims, in order) and every count the same after each."""
     tickets: list[int] = []
     for n, (op, tenant, number) in enumerate(ops, start=1):
         if op == "ask":
-            answers = (quick.ask(tenant, n), scanning.ask(tenant, n))
+            answers = (quick.ask(tenant, n), other_asks(other, tenant, n))
             tickets.append(n)
         elif op == "again" and quick.busy(tenant):  # refused for capacity: back, first
             quick.gone(tenant, was="busy")
-            scanning.gone(tenant, was="busy")
-            answers = (quick.ask_again(tenant, n), scanning.ask_again(tenant, n))
+            other.gone(tenant, was="busy")
+            answers = (quick.ask_again(tenant, n), other.ask_again(tenant, n))
             tickets.append(n)
         elif op == "cancel" and tickets:
             ticket = tickets.pop(number % len(tickets))
-            answers = (quick.cancel(ticket), scanning.cancel(ticket))
+            answers = (quick.cancel(ticket), other.cancel(ticket))
         elif op == "park" and quick.busy(tenant):
-            answers = (quick.park(tenant), scanning.park(tenant))
+            answers = (quick.park(tenant), other.park(tenant))
         elif op == "drop" and quick.busy(tenant):  # a busy connection lost (the MX hung up)
-            answers = (quick.gone(tenant, was="busy"), scanning.gone(tenant, was="busy"))
+            answers = (quick.gone(tenant, was="busy"), other.gone(tenant, was="busy"))
         elif op == "end" and quick.idle(tenant):  # an idle connection dropped
-            answers = (quick.gone(tenant, was="idle"), scanning.gone(tenant, was="idle"))
+            answers = (quick.gone(tenant, was="idle"), other.gone(tenant, was="idle"))
         elif op == "close" and (quick.busy(tenant) or quick.idle(tenant)):
             idle = quick.idle(tenant) > 0
             quick.closing(tenant, idle=idle)
-            scanning.closing(tenant, idle=idle)
+            other.closing(tenant, idle=idle)
             continue
         elif op == "gone" and quick._tenants.get(tenant) and quick._tenants[tenant].closing:
-            answers = (quick.gone(tenant), scanning.gone(tenant))
+            answers = (quick.gone(tenant), other.gone(tenant))
         elif op == "leave":
-            answers = (quick.leave(tenant), scanning.leave(tenant))
+            answers = (quick.leave(tenant), other.leave(tenant))
             tickets = [t for t in tickets if t in quick._tickets]
         elif op == "limit" and number:
-            answers = (quick.set_limit(number), scanning.set_limit(number))
+            answers = (quick.set_limit(number), other.set_limit(number))
         elif op == "allow":  # the pace lets some through (or none), then fills again
-            quick.allowance = scanning.allowance = None if number == 5 else number
-            answers = (quick.refill(), scanning.refill())
+            quick.allowance = other.allowance = None if number == 5 else number
+            answers = (quick.refill(), other.refill())
         else:
             continue
         assert answers[0] == answers[1], (op, tenant)
         for directive in answers[0]:
             if isinstance(directive, Grant) and directive.ticket in tickets:
                 tickets.remove(directive.ticket)
-        assert _everything(quick) == _everything(scanning), (op, tenant)
+        assert _everything(quick) == _everything(other), (op, tenant)
